@@ -1,0 +1,15 @@
+"""swcli: soft (logsumexp-smoothed) Smith-Waterman local alignment for PyTorch, and a FASTA aligner.
+
+The public API is imported lazily, so that `swcli --help` starts without importing torch.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["soft_smith_waterman", "SoftSmithWaterman", "__version__"]
+
+
+def __getattr__(name):
+    if name in ("soft_smith_waterman", "SoftSmithWaterman"):
+        from swcli import ops
+
+        return getattr(ops, name)
+    raise AttributeError(f"module 'swcli' has no attribute {name!r}")

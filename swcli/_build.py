@@ -1,0 +1,118 @@
+"""Compile the kernels in kernels/ with torch.utils.cpp_extension.load_inline, once per source hash.
+
+The build directory is named after a hash of everything that changes the binary (sources, flags, torch and
+Python versions, the CPU's instruction set, since we compile with -march=native), so a stale binary is
+never loaded and a rebuild happens only when something really changed. Builds are serialised by an
+fcntl lock that the kernel releases when a process dies, so a lock file left behind by a killed compile
+is recognised as stale and removed instead of making the next run hang.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
+
+CPU_FLAGS = ["-O3", "-march=native", "-fopenmp"]
+
+
+class BuildError(RuntimeError):
+    """A kernel could not be compiled or loaded (missing compiler, ninja, or a failed build)."""
+
+
+def kernel_source(filename: str) -> str:
+    """The text of kernels/<filename>: from the source checkout, else from the installed package."""
+    checkout = Path(__file__).resolve().parent.parent / "kernels" / filename
+    if checkout.is_file():
+        return checkout.read_text()
+    installed = resources.files("swcli.kernels").joinpath(filename)
+    if not installed.is_file():
+        raise BuildError(f"kernel source {filename} is missing from the swcli installation")
+    return installed.read_text()
+
+
+def cache_root() -> Path:
+    """Where compiled kernels live: $SWCLI_CACHE_DIR, else ~/.cache/swcli (XDG_CACHE_HOME respected)."""
+    if os.environ.get("SWCLI_CACHE_DIR"):
+        return Path(os.environ["SWCLI_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "swcli"
+
+
+def _cpu_signature() -> str:
+    """The instruction-set flags of this CPU: a -march=native binary must not move to another CPU."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _check_toolchain() -> None:
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise BuildError(
+            f"no C++ compiler found (looked for '{compiler}'; set CXX or install g++) : "
+            "swcli compiles its CPU engine on first use"
+        )
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        raise BuildError("ninja is not available: install it with 'pip install ninja'")
+
+
+def _remove_stale_torch_lock(build_dir: Path) -> None:
+    # torch's FileBaton waits forever on build_dir/lock; under our fcntl lock, any such file is stale.
+    stale = build_dir / "lock"
+    if stale.exists():
+        stale.unlink()
+
+
+def build(name: str, sources: list[str], extra_cflags: list[str], extra_ldflags: list[str]):
+    """load_inline the given kernels/ files as one module; returns the loaded Python module."""
+    import torch
+    from torch.utils.cpp_extension import load_inline
+
+    text = [kernel_source(s) for s in sources]
+    key = "\n".join(
+        [*text, *extra_cflags, *extra_ldflags, torch.__version__, sys.version, _cpu_signature()]
+    )
+    module_name = f"swcli_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    build_dir = cache_root() / module_name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / f"{module_name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _remove_stale_torch_lock(build_dir)
+        if not (build_dir / f"{module_name}.so").exists():
+            _check_toolchain()
+            print(
+                f"swcli: compiling the {name} engine (first use; takes about a minute) in {build_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
+        try:
+            return load_inline(
+                name=module_name,
+                cpp_sources=text,
+                extra_cflags=extra_cflags,
+                extra_ldflags=extra_ldflags,
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+        except (RuntimeError, OSError, ImportError) as exc:
+            raise BuildError(f"building the {name} engine in {build_dir} failed: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_engine():
+    """The compiled CPU engine (kernels/sw_cpu.cpp): forward(S, qlen, tlen, gap, t, keep) and backward."""
+    return build("cpu", ["sw_cpu.cpp"], CPU_FLAGS, ["-fopenmp"])

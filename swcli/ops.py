@@ -1,0 +1,144 @@
+"""The functional op, its autograd.Function, the nn.Module, and backend dispatch.
+
+Layers, from the outside in: SoftSmithWaterman (nn.Module) -> soft_smith_waterman (checks arguments,
+picks the backend) -> _SoftSmithWatermanFunction (autograd) -> the compiled engine, or the reference loop.
+No backend ever falls back to another: a request that cannot run raises.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from swcli import _build
+from swcli.reference import soft_smith_waterman_reference
+
+BACKENDS = ("auto", "cuda", "cpu", "reference")
+
+
+def _check_number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_lengths(name: str, lengths, size: int, limit: int, dim: str, device) -> torch.Tensor:
+    """(B,) int64 lengths on `device`, each in [0, limit]; None means `limit` for every pair."""
+    if lengths is None:
+        return torch.full((size,), limit, dtype=torch.int64, device=device)
+    lengths = torch.as_tensor(lengths)
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integers, got dtype {lengths.dtype}")
+    if lengths.shape != (size,):
+        raise ValueError(f"{name} must have shape ({size},), one length per pair, got {tuple(lengths.shape)}")
+    lengths = lengths.to(device=device, dtype=torch.int64)
+    if size and (lengths.min() < 0 or lengths.max() > limit):
+        raise ValueError(f"{name} must lie in [0, {limit}] ({dim} of the score matrix), got "
+                         f"min {int(lengths.min())}, max {int(lengths.max())}")
+    return lengths.contiguous()
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "cuda" if device.type == "cuda" else "cpu"
+    if backend == "cuda" and device.type != "cuda":
+        raise ValueError(f"backend='cuda' needs the score matrix on a CUDA device, got {device}")
+    if backend == "cpu" and device.type != "cpu":
+        raise ValueError(f"backend='cpu' needs the score matrix on the CPU, got {device}; move it "
+                         "with .cpu() or use backend='auto'")
+    return backend
+
+
+def _engine(backend: str):
+    if backend == "cpu":
+        return _build.cpu_engine()
+    raise NotImplementedError(
+        "the CUDA engine is not part of this version of swcli; use backend='reference' on the GPU "
+        "or move the score matrix to the CPU"
+    )
+
+
+class _SoftSmithWatermanFunction(torch.autograd.Function):
+    """Compiled forward; backward is a reverse sweep over the DP table kept from the forward."""
+
+    @staticmethod
+    def forward(ctx, S, query_lengths, target_lengths, gap, temperature, backend, keep_dp_table):
+        engine = _engine(backend)
+        scores, dp = engine.forward(S, query_lengths, target_lengths, gap, temperature, keep_dp_table)
+        if keep_dp_table:
+            ctx.save_for_backward(S, dp, query_lengths, target_lengths)
+        ctx.gap, ctx.temperature, ctx.backend = gap, temperature, backend
+        return scores
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_scores):
+        S, dp, query_lengths, target_lengths = ctx.saved_tensors
+        grad_S = _engine(ctx.backend).backward(
+            grad_scores, S, dp, query_lengths, target_lengths, ctx.gap, ctx.temperature
+        )
+        return grad_S, None, None, None, None, None, None
+
+
+def soft_smith_waterman(
+    score_matrix: torch.Tensor,
+    gap: float = -1.0,
+    temperature: float = 1.0,
+    query_lengths=None,
+    target_lengths=None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Soft Smith-Waterman local alignment scores, (B,), of a batch of score matrices (B, M, N).
+
+    gap is the linear score added per gap position (normally negative); temperature 0 is classic hard
+    Smith-Waterman. Pair b is scored on score_matrix[b, :query_lengths[b], :target_lengths[b]].
+    backend: 'auto' (CUDA for GPU tensors, else the compiled CPU engine), 'cuda', 'cpu', or 'reference'
+    (the Python loop). float16/bfloat16 are computed in float32; the result has the input's dtype.
+    """
+    if not isinstance(score_matrix, torch.Tensor):
+        raise ValueError(f"score_matrix must be a torch.Tensor, got {type(score_matrix).__name__}")
+    if score_matrix.dim() != 3:
+        raise ValueError(f"score_matrix must be 3-D (B, M, N), got shape {tuple(score_matrix.shape)}")
+    if not score_matrix.dtype.is_floating_point:
+        raise ValueError(f"score_matrix must be floating point, got dtype {score_matrix.dtype}")
+    gap = _check_number("gap", gap)
+    temperature = _check_number("temperature", temperature)
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 is the exact hard maximum), got {temperature}")
+    backend = _resolve_backend(backend, score_matrix.device)
+    B, M, N = score_matrix.shape
+    qlen = _check_lengths("query_lengths", query_lengths, B, M, "M", score_matrix.device)
+    tlen = _check_lengths("target_lengths", target_lengths, B, N, "N", score_matrix.device)
+
+    S = score_matrix
+    if S.dtype in (torch.float16, torch.bfloat16):
+        S = S.float()
+    if backend == "reference":
+        scores = soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
+    else:
+        keep_dp_table = torch.is_grad_enabled() and S.requires_grad  # the backward needs H
+        scores = _SoftSmithWatermanFunction.apply(S, qlen, tlen, gap, temperature, backend, keep_dp_table)
+    return scores.to(score_matrix.dtype)
+
+
+class SoftSmithWaterman(nn.Module):
+    """Drop-in for the reference module: same constructor, forward(score_matrix) -> (B,) scores."""
+
+    def __init__(self, gap_open: float = -1.0, temperature: float = 1.0, backend: str = "auto"):
+        super().__init__()
+        self.gap_open = gap_open
+        self.temperature = temperature
+        self.backend = backend
+
+    def forward(self, score_matrix, query_lengths=None, target_lengths=None):
+        return soft_smith_waterman(score_matrix, self.gap_open, self.temperature,
+                                   query_lengths, target_lengths, self.backend)
+
+    def extra_repr(self) -> str:
+        return f"gap_open={self.gap_open}, temperature={self.temperature}, backend={self.backend!r}"
