@@ -1,9 +1,11 @@
 // CPU engine for the soft Smith-Waterman recurrence (see GUIDE section 1).
 //
-// Forward: pairs are sorted by size and processed in groups of W lanes (32 floats or 16 doubles), one
-// SIMD lane per pair, so that the serial dependency along a row (H[i][j-1]) runs in W independent chains
-// at once: a group is kPacks native vectors (AVX-512, AVX or SSE width), interleaved for latency hiding.
-// (GCC vectors wider than the hardware's are lowered element by element, hence the explicit packs.) Groups are handed to at::parallel_for workers through an atomic counter (large groups first).
+// Forward: W lanes (32 floats or 16 doubles) each align one pair, one SIMD lane per pair, so that the
+// serial dependency along a row (H[i][j-1]) runs in W independent chains at once. The W lanes are
+// kPacks native vectors (AVX-512, AVX or SSE width), interleaved to hide latency (GCC lowers vectors
+// wider than the hardware's element by element, hence the explicit packs). One worker per thread
+// (at::parallel_for); a lane takes the next pair of a shared queue, sorted by target length, as soon
+// as its pair is done.
 // Soft mode works in base-2 units: S and the gap are pre-scaled by log2(e)/t, a cell is
 // m + log2(1 + 2^(b-m) + 2^(c-m) + 2^(d-m)) with m the largest of the four terms, and the score is
 // scaled back by t*ln(2) at the end. float32 uses polynomial exp2/log2 on whole vectors; float64 calls
@@ -13,6 +15,10 @@
 // sweep pushes d score / d H back through the softmax (t > 0) or argmax (t = 0) weights of every cell.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -150,105 +156,184 @@ inline typename Lanes<T>::V cell(typename Lanes<T>::V x1, typename Lanes<T>::V x
 
 struct Problem {
   int64_t B, M, N;
-  int64_t sB, sM, sN;        // strides of S, in elements
-  const int64_t* qlen;       // (B,)
-  const int64_t* tlen;       // (B,)
+  const int64_t* qlen;  // (B,)
+  const int64_t* tlen;  // (B,)
 };
 
-template <typename T, bool Hard>
-void forward_group(const Problem& pr, const T* S, const int64_t* pairs, int count, T gap, T scale,
-                   T* scores, T* dp_table, std::vector<typename Lanes<T>::V>& row, std::vector<T>& srow) {
+// Where the scores of a cell come from. A source is copied into each worker (it holds buffers) and gets
+// start_pair(lane, pair) when a lane takes a pair, begin_row(lane, pair, i) before each of the lane's
+// rows (i 0-based), and load(j, pack) for the scores of column j (1-based) of a pack's lanes, scaled.
+
+// A dense (B, M, N) tensor with any strides: each row is copied, scaled, into a [j][lane] buffer.
+template <typename T>
+struct DenseSource {
+  using V = typename Lanes<T>::V;
+  static constexpr int W = Lanes<T>::W, L = Lanes<T>::L;
+  const T* S;
+  int64_t sB, sM, sN;
+  const int64_t* tlen;
+  T scale;
+  std::vector<T> rows;
+
+  void prepare(int64_t cols) {
+    if (static_cast<int64_t>(rows.size()) < (cols + 1) * W) rows.resize((cols + 1) * W);
+  }
+  void start_pair(int, int64_t) {}
+  void begin_row(int l, int64_t pair, int64_t i) {
+    const T* src = S + pair * sB + i * sM;
+    for (int64_t j = 0; j < tlen[pair]; ++j) rows[(j + 1) * W + l] = src[j * sN] * scale;
+  }
+  V load(int64_t j, int k) const {
+    V s;
+    __builtin_memcpy(&s, &rows[j * W + k * L], sizeof(V));
+    return s;
+  }
+};
+
+// Sequence codes (B, M), (B, N) into a K x K matrix (pre-scaled): the CLI path, which never builds the
+// (B, M, N) scores. Target codes are transposed to [j][lane] once per pair; a cell's score is a gather
+// from the matrix (a few KB, in L1) at query_code * K + target_code.
+struct CodeSource {
+  using V = Lanes<float>::V;
+  using I = Lanes<float>::I;
+  static constexpr int W = Lanes<float>::W, L = Lanes<float>::L;
+  typedef uint8_t Codes __attribute__((vector_size(L)));
+  const uint8_t* query;
+  const uint8_t* target;
+  int64_t M, N, K;
+  const int64_t* tlen;
+  const float* matrix;
+  std::vector<uint8_t> codes;  // target codes, [j][lane]
+  I row_offset[kPacks] = {};   // query code * K of each lane's current row
+
+  void prepare(int64_t cols) {
+    if (static_cast<int64_t>(codes.size()) < (cols + 1) * W) codes.resize((cols + 1) * W);  // zeros: valid
+  }
+  void start_pair(int l, int64_t pair) {
+    const uint8_t* src = target + pair * N;
+    for (int64_t j = 0; j < tlen[pair]; ++j) codes[(j + 1) * W + l] = src[j];
+  }
+  void begin_row(int l, int64_t pair, int64_t i) {
+    row_offset[l / L][l % L] = static_cast<int32_t>(query[pair * M + i] * K);
+  }
+  V load(int64_t j, int k) const {
+    Codes c;
+    __builtin_memcpy(&c, &codes[j * W + k * L], sizeof(Codes));
+    const I index = __builtin_convertvector(c, I) + row_offset[k];
+#if defined(__AVX512F__)
+    return (V)_mm512_i32gather_ps((__m512i)index, matrix, 4);
+#elif defined(__AVX2__)
+    return (V)_mm256_i32gather_ps(matrix, (__m256i)index, 4);
+#else
+    V s;
+    for (int e = 0; e < L; ++e) s[e] = matrix[index[e]];
+    return s;
+#endif
+  }
+};
+
+// One worker: W lanes, each aligning one pair; a lane takes the next pair of the shared queue as soon as
+// its pair is done, so lanes share the column loop (up to the longest target in flight) but not the row
+// count, and a long query costs what it costs alone. The queue holds the pairs by decreasing target
+// length: lanes in flight have similar targets, and the work left at the end is the smallest.
+// Lane l is element l % L of pack l / L; row[j * kPacks + k] holds H[i][j] of pack k, each lane at its
+// own row i.
+template <typename T, bool Hard, typename Source>
+void forward_worker(const Problem& pr, Source& source, const std::vector<int64_t>& queue,
+                    std::atomic<int64_t>& next, T gap, T scale, T* scores, T* dp_table) {
   using V = typename Lanes<T>::V;
   using I = typename Lanes<T>::I;
   using Index = typename Lanes<T>::Index;
   constexpr int W = Lanes<T>::W, L = Lanes<T>::L;
-  // Lane l of the group is element l % L of pack l / L; row[j * kPacks + k] holds H[i][j] of pack k.
-  int64_t pair[W];
-  I qv[kPacks], tv[kPacks];
-  int64_t rows = 0, cols = 0;
-  for (int l = 0; l < W; ++l) {
-    pair[l] = pairs[l < count ? l : 0];  // spare lanes read pair 0's matrix and are masked out
-    const int64_t q = l < count ? pr.qlen[pair[l]] : 0;
-    const int64_t t = l < count ? pr.tlen[pair[l]] : 0;
-    qv[l / L][l % L] = static_cast<Index>(q);
-    tv[l / L][l % L] = static_cast<Index>(t);
-    rows = std::max(rows, q);
-    cols = std::max(cols, t);
-  }
-  if (static_cast<int64_t>(row.size()) < (cols + 1) * kPacks) {
-    row.resize((cols + 1) * kPacks);
-    srow.resize((cols + 1) * W);
-  }
+  const int64_t B = static_cast<int64_t>(queue.size());
+  const int64_t cols = B ? pr.tlen[queue[0]] : 0;  // the longest target
+  std::vector<V> row((cols + 1) * kPacks);
+  source.prepare(cols);
   const V zero = splat<V>(T(0));
   const V g = splat<V>(gap * scale);
   const int64_t stride_b = (pr.M + 1) * (pr.N + 1);
-  std::fill(row.begin(), row.begin() + (cols + 1) * kPacks, zero);
+  int64_t pair[W], row_of[W];  // the lane's pair (-1 when idle) and its current row, 1-based
+  I tv[kPacks];                // the lane's target length (0 when idle: every column masked)
   V best[kPacks];
   for (int k = 0; k < kPacks; ++k) best[k] = zero;
-  for (int64_t i = 1; i <= rows; ++i) {
+  int active = 0;
+  auto take_next_pair = [&](int l) {
+    pair[l] = -1;
+    for (int64_t n = next++; n < B; n = next++) {
+      const int64_t p = queue[n];
+      if (pr.qlen[p] > 0 && pr.tlen[p] > 0) {
+        pair[l] = p;
+        break;
+      }
+      scores[p] = T(0);  // no cells: the score is the zero border
+    }
+    tv[l / L][l % L] = pair[l] < 0 ? 0 : static_cast<Index>(pr.tlen[pair[l]]);
+    if (pair[l] < 0) return;
+    row_of[l] = 1;
+    ++active;
+    for (int64_t j = 0; j <= pr.tlen[pair[l]]; ++j) row[j * kPacks + l / L][l % L] = T(0);
+    source.start_pair(l, pair[l]);
+  };
+  for (int l = 0; l < W; ++l) take_next_pair(l);
+  while (active > 0) {
+    int64_t width = 0;  // columns any busy lane needs in this row
     for (int l = 0; l < W; ++l) {
-      const T* src = S + pair[l] * pr.sB + (i - 1) * pr.sM;
-      for (int64_t j = 0; j < cols; ++j) srow[(j + 1) * W + l] = src[j * pr.sN] * scale;
+      if (pair[l] < 0) continue;
+      source.begin_row(l, pair[l], row_of[l] - 1);
+      width = std::max(width, pr.tlen[pair[l]]);
     }
-    I row_inside[kPacks];
     V diag[kPacks], left[kPacks];
-    for (int k = 0; k < kPacks; ++k) {
-      row_inside[k] = splat<I>(static_cast<Index>(i)) <= qv[k];
-      diag[k] = zero;
-      left[k] = zero;
-    }
-    for (int64_t j = 1; j <= cols; ++j) {
+    for (int k = 0; k < kPacks; ++k) diag[k] = left[k] = zero;
+    for (int64_t j = 1; j <= width; ++j) {
       const I column = splat<I>(static_cast<Index>(j));
 #pragma GCC unroll 8
       for (int k = 0; k < kPacks; ++k) {
         const V up = row[j * kPacks + k];
-        V s;
-        __builtin_memcpy(&s, &srow[j * W + k * L], sizeof(V));
-        const V h = cell<T, Hard>(diag[k] + s, up + g, left[k] + g);
+        const V h = cell<T, Hard>(diag[k] + source.load(j, k), up + g, left[k] + g);
         row[j * kPacks + k] = h;
         diag[k] = up;
         left[k] = h;
-        const I inside = row_inside[k] & (column <= tv[k]);
-        best[k] = inside ? nan_max(best[k], h) : best[k];
+        best[k] = column <= tv[k] ? nan_max(best[k], h) : best[k];
       }
     }
-    if (dp_table != nullptr) {
-      for (int l = 0; l < count; ++l) {
-        T* dst = dp_table + pair[l] * stride_b + i * (pr.N + 1);
-        for (int64_t j = 1; j <= cols; ++j) dst[j] = row[j * kPacks + l / L][l % L] / scale;
+    for (int l = 0; l < W; ++l) {
+      if (pair[l] < 0) continue;
+      if (dp_table != nullptr) {
+        T* dst = dp_table + pair[l] * stride_b + row_of[l] * (pr.N + 1);
+        for (int64_t j = 1; j <= pr.tlen[pair[l]]; ++j) dst[j] = row[j * kPacks + l / L][l % L] / scale;
       }
+      if (row_of[l]++ < pr.qlen[pair[l]]) continue;
+      scores[pair[l]] = best[l / L][l % L] / scale;
+      best[l / L][l % L] = T(0);
+      --active;
+      take_next_pair(l);
     }
   }
-  for (int l = 0; l < count; ++l) scores[pair[l]] = best[l / L][l % L] / scale;
 }
 
+// Soft mode runs in base-2 units: scores and gap times log2(e) / t.
 template <typename T>
-void forward_all(const Problem& pr, const T* S, T gap, T temperature, T* scores, T* dp_table) {
+T base2_scale(T temperature) {
+  return temperature == T(0) ? T(1) : T(1.4426950408889634) / temperature;
+}
+
+template <typename T, typename Source>
+void forward_all(const Problem& pr, const Source& prototype, T gap, T temperature, T* scores, T* dp_table) {
   constexpr int W = Lanes<T>::W;
-  const bool hard = temperature == T(0);
-  const T scale = hard ? T(1) : T(1.4426950408889634) / temperature;  // log2(e) / t
-  // Largest pairs first, so similar sizes share a group and the longest work starts early.
-  std::vector<int64_t> order(pr.B);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    const int64_t ca = pr.qlen[a] * pr.tlen[a], cb = pr.qlen[b] * pr.tlen[b];
-    return ca != cb ? ca > cb : pr.tlen[a] > pr.tlen[b];
-  });
-  const int64_t groups = (pr.B + W - 1) / W;
+  std::vector<int64_t> queue(pr.B);
+  std::iota(queue.begin(), queue.end(), 0);
+  std::stable_sort(queue.begin(), queue.end(), [&](int64_t a, int64_t b) { return pr.tlen[a] > pr.tlen[b]; });
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(groups, at::get_num_threads());
+  const T scale = base2_scale(temperature);
+  // A worker per thread while there are W pairs for each; one small batch is one worker's.
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), pr.B / W));
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    std::vector<typename Lanes<T>::V> row;
-    std::vector<T> srow;  // one row of S, scaled, laid out [j][lane]
     for (int64_t w = begin; w < end; ++w) {
-      for (int64_t gi = next++; gi < groups; gi = next++) {
-        const int64_t first = gi * W;
-        const int count = static_cast<int>(std::min<int64_t>(W, pr.B - first));
-        if (hard)
-          forward_group<T, true>(pr, S, order.data() + first, count, gap, scale, scores, dp_table, row, srow);
-        else
-          forward_group<T, false>(pr, S, order.data() + first, count, gap, scale, scores, dp_table, row, srow);
-      }
+      Source source = prototype;
+      if (temperature == T(0))
+        forward_worker<T, true>(pr, source, queue, next, gap, scale, scores, dp_table);
+      else
+        forward_worker<T, false>(pr, source, queue, next, gap, scale, scores, dp_table);
     }
   });
 }
@@ -257,11 +342,11 @@ void forward_all(const Problem& pr, const T* S, T gap, T temperature, T* scores,
 // computed from, weighted by softmax (t > 0) or the first maximal term, in the reference's order
 // (zero, match, delete, insert), at t = 0.
 template <typename T>
-void backward_pair(const Problem& pr, const T* S, const T* H, int64_t b, T grad, T gap, T temperature,
-                   T* grad_S, std::vector<T>& E) {
+void backward_pair(const Problem& pr, const DenseSource<T>& S, const T* H, int64_t b, T grad, T gap,
+                   T temperature, T* grad_S, std::vector<T>& E) {
   const int64_t q = pr.qlen[b], n = pr.tlen[b], ld = pr.N + 1;
   const T* Hb = H + b * (pr.M + 1) * ld;
-  const T* Sb = S + b * pr.sB;
+  const T* Sb = S.S + b * S.sB;
   T* Gb = grad_S + b * pr.M * pr.N;
   // The score is the first maximal cell in row-major order, as torch.max picks it.
   int64_t bi = 0, bj = 0;
@@ -278,7 +363,7 @@ void backward_pair(const Problem& pr, const T* S, const T* H, int64_t b, T grad,
       const T e = E[i * (n + 1) + j];
       if (e == T(0)) continue;
       const T h = Hb[i * ld + j];
-      const T s = Sb[(i - 1) * pr.sM + (j - 1) * pr.sN];
+      const T s = Sb[(i - 1) * S.sM + (j - 1) * S.sN];
       const T x1 = Hb[(i - 1) * ld + j - 1] + s;
       const T x2 = Hb[(i - 1) * ld + j] + gap;
       const T x3 = Hb[i * ld + j - 1] + gap;
@@ -301,16 +386,24 @@ void backward_pair(const Problem& pr, const T* S, const T* H, int64_t b, T grad,
   }
 }
 
-Problem make_problem(const at::Tensor& S, const at::Tensor& qlen, const at::Tensor& tlen) {
+void check_lengths(const at::Tensor& qlen, const at::Tensor& tlen, int64_t B) {
+  TORCH_CHECK(qlen.device().is_cpu() && tlen.device().is_cpu() && qlen.dtype() == at::kLong &&
+                  tlen.dtype() == at::kLong && qlen.is_contiguous() && tlen.is_contiguous() &&
+                  qlen.numel() == B && tlen.numel() == B,
+              "lengths must be contiguous int64 CPU tensors of shape (B,)");
+}
+
+void check_scores(const at::Tensor& S) {
   TORCH_CHECK(S.dim() == 3, "score matrix must be 3-D (B, M, N), got ", S.dim(), "-D");
   TORCH_CHECK(S.device().is_cpu(), "the CPU engine needs a CPU tensor");
   TORCH_CHECK(S.scalar_type() == at::kFloat || S.scalar_type() == at::kDouble,
               "the CPU engine takes float32 or float64, got ", S.scalar_type());
-  TORCH_CHECK(qlen.dtype() == at::kLong && tlen.dtype() == at::kLong && qlen.is_contiguous() &&
-                  tlen.is_contiguous() && qlen.numel() == S.size(0) && tlen.numel() == S.size(0),
-              "lengths must be contiguous int64 tensors of shape (B,)");
-  return Problem{S.size(0), S.size(1), S.size(2), S.stride(0), S.stride(1), S.stride(2),
-                 qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
+}
+
+template <typename T>
+DenseSource<T> dense_source(const at::Tensor& S, const at::Tensor& tlen, T scale) {
+  return DenseSource<T>{S.data_ptr<T>(), S.stride(0), S.stride(1), S.stride(2), tlen.data_ptr<int64_t>(),
+                        scale, {}};
 }
 
 }  // namespace
@@ -318,21 +411,54 @@ Problem make_problem(const at::Tensor& S, const at::Tensor& qlen, const at::Tens
 // Returns (scores (B,), H (B, M+1, N+1) when keep_dp_table, else an empty tensor).
 std::vector<at::Tensor> sw_forward(const at::Tensor& S, const at::Tensor& qlen, const at::Tensor& tlen,
                                    double gap, double temperature, bool keep_dp_table) {
-  const Problem pr = make_problem(S, qlen, tlen);
+  check_scores(S);
+  check_lengths(qlen, tlen, S.size(0));
   TORCH_CHECK(temperature >= 0, "temperature must be >= 0");
+  const Problem pr{S.size(0), S.size(1), S.size(2), qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
   at::Tensor scores = at::zeros({pr.B}, S.options());
-  at::Tensor dp = keep_dp_table ? at::zeros({pr.B, pr.M + 1, pr.N + 1}, S.options()) : at::empty({0}, S.options());
+  at::Tensor dp = keep_dp_table ? at::zeros({pr.B, pr.M + 1, pr.N + 1}, S.options())
+                                : at::empty({0}, S.options());
   AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "sw_forward", [&] {
-    forward_all<scalar_t>(pr, S.data_ptr<scalar_t>(), static_cast<scalar_t>(gap),
-                          static_cast<scalar_t>(temperature), scores.data_ptr<scalar_t>(),
-                          keep_dp_table ? dp.data_ptr<scalar_t>() : nullptr);
+    const auto t = static_cast<scalar_t>(temperature);
+    forward_all<scalar_t>(pr, dense_source<scalar_t>(S, tlen, base2_scale(t)), static_cast<scalar_t>(gap), t,
+                          scores.data_ptr<scalar_t>(), keep_dp_table ? dp.data_ptr<scalar_t>() : nullptr);
   });
   return {scores, dp};
 }
 
+// Scores (B,) float32 of pairs given as uint8 codes (B, M) and (B, N) into a K x K matrix.
+at::Tensor sw_forward_codes(const at::Tensor& query, const at::Tensor& target, const at::Tensor& qlen,
+                            const at::Tensor& tlen, const at::Tensor& matrix, double gap,
+                            double temperature) {
+  TORCH_CHECK(query.dim() == 2 && target.dim() == 2 && query.size(0) == target.size(0) &&
+                  query.dtype() == at::kByte && target.dtype() == at::kByte && query.device().is_cpu() &&
+                  target.device().is_cpu(),
+              "codes must be uint8 CPU tensors of shapes (B, M) and (B, N)");
+  TORCH_CHECK(matrix.dim() == 2 && matrix.size(0) == matrix.size(1) && matrix.size(0) <= 256 &&
+                  matrix.device().is_cpu(),
+              "the substitution matrix must be a square CPU tensor of at most 256 x 256");
+  TORCH_CHECK(temperature >= 0, "temperature must be >= 0");
+  check_lengths(qlen, tlen, query.size(0));
+  const at::Tensor q = query.contiguous(), t = target.contiguous();
+  const int64_t K = matrix.size(0);
+  if (q.numel() > 0) TORCH_CHECK(q.max().item<int64_t>() < K, "a query code is outside the matrix");
+  if (t.numel() > 0) TORCH_CHECK(t.max().item<int64_t>() < K, "a target code is outside the matrix");
+  const float scale = base2_scale(static_cast<float>(temperature));
+  const at::Tensor scaled = (matrix.to(at::kFloat) * scale).contiguous();
+  const Problem pr{q.size(0), q.size(1), t.size(1), qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
+  at::Tensor scores = at::zeros({pr.B}, matrix.options().dtype(at::kFloat));
+  const CodeSource source{q.data_ptr<uint8_t>(), t.data_ptr<uint8_t>(), pr.M, pr.N, K,
+                          tlen.data_ptr<int64_t>(), scaled.data_ptr<float>(), {}};
+  forward_all<float>(pr, source, static_cast<float>(gap), static_cast<float>(temperature),
+                     scores.data_ptr<float>(), nullptr);
+  return scores;
+}
+
 at::Tensor sw_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& dp,
                        const at::Tensor& qlen, const at::Tensor& tlen, double gap, double temperature) {
-  const Problem pr = make_problem(S, qlen, tlen);
+  check_scores(S);
+  check_lengths(qlen, tlen, S.size(0));
+  const Problem pr{S.size(0), S.size(1), S.size(2), qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
   TORCH_CHECK(dp.is_contiguous() && dp.dim() == 3 && dp.size(0) == pr.B && dp.size(1) == pr.M + 1 &&
                   dp.size(2) == pr.N + 1 && dp.scalar_type() == S.scalar_type(),
               "DP table does not match the score matrix");
@@ -340,13 +466,13 @@ at::Tensor sw_backward(const at::Tensor& grad_scores, const at::Tensor& S, const
   at::Tensor grad_S = at::zeros({pr.B, pr.M, pr.N}, S.options());
   AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "sw_backward", [&] {
     const scalar_t* g = grad.data_ptr<scalar_t>();
+    const DenseSource<scalar_t> rows = dense_source<scalar_t>(S, tlen, scalar_t(1));
     at::parallel_for(0, pr.B, 1, [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> E;
       for (int64_t b = begin; b < end; ++b) {
         if (g[b] == scalar_t(0)) continue;
-        backward_pair<scalar_t>(pr, S.data_ptr<scalar_t>(), dp.data_ptr<scalar_t>(), b, g[b],
-                                static_cast<scalar_t>(gap), static_cast<scalar_t>(temperature),
-                                grad_S.data_ptr<scalar_t>(), E);
+        backward_pair<scalar_t>(pr, rows, dp.data_ptr<scalar_t>(), b, g[b], static_cast<scalar_t>(gap),
+                                static_cast<scalar_t>(temperature), grad_S.data_ptr<scalar_t>(), E);
       }
     });
   });
@@ -355,5 +481,6 @@ at::Tensor sw_backward(const at::Tensor& grad_scores, const at::Tensor& S, const
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &sw_forward, "soft Smith-Waterman scores (and the DP table for backward)");
+  m.def("forward_codes", &sw_forward_codes, "scores of code pairs looked up in a substitution matrix");
   m.def("backward", &sw_backward, "gradient of the scores with respect to the score matrix");
 }

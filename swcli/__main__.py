@@ -1,6 +1,8 @@
 """python -m swcli: the same as the swcli console script."""
 
+import sys
+
 from swcli.cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

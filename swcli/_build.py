@@ -16,8 +16,9 @@ import os
 import platform
 import shutil
 import sys
-from importlib import resources
 from pathlib import Path
+
+from swcli._files import packaged_file
 
 CPU_FLAGS = ["-O3", "-march=native", "-fopenmp"]
 
@@ -27,14 +28,11 @@ class BuildError(RuntimeError):
 
 
 def kernel_source(filename: str) -> str:
-    """The text of kernels/<filename>: from the source checkout, else from the installed package."""
-    checkout = Path(__file__).resolve().parent.parent / "kernels" / filename
-    if checkout.is_file():
-        return checkout.read_text()
-    installed = resources.files("swcli.kernels").joinpath(filename)
-    if not installed.is_file():
-        raise BuildError(f"kernel source {filename} is missing from the swcli installation")
-    return installed.read_text()
+    """The text of kernels/<filename>, from the checkout or the installed package."""
+    try:
+        return packaged_file("kernels", filename).read_text()
+    except FileNotFoundError as exc:
+        raise BuildError(str(exc)) from None
 
 
 def cache_root() -> Path:

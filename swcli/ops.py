@@ -18,6 +18,7 @@ from swcli import _build
 from swcli.reference import soft_smith_waterman_reference
 
 BACKENDS = ("auto", "cuda", "cpu", "reference")
+CUDA_ENGINE_AVAILABLE = False  # no CUDA kernel in this version: backend='cuda' raises, never falls back
 
 
 def _check_number(name: str, value) -> float:
@@ -125,6 +126,50 @@ def soft_smith_waterman(
         keep_dp_table = torch.is_grad_enabled() and S.requires_grad  # the backward needs H
         scores = _SoftSmithWatermanFunction.apply(S, qlen, tlen, gap, temperature, backend, keep_dp_table)
     return scores.to(score_matrix.dtype)
+
+
+def soft_smith_waterman_codes(
+    query_codes: torch.Tensor,
+    target_codes: torch.Tensor,
+    matrix: torch.Tensor,
+    gap: float = -1.0,
+    temperature: float = 1.0,
+    query_lengths=None,
+    target_lengths=None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Scores (B,) of pairs given as uint8 codes (B, M), (B, N) into a K x K substitution matrix.
+
+    The compiled engines look each score up in the matrix as they go, so the (B, M, N) score tensor is
+    never built (it would cost more than the alignment itself); backend='reference' builds it with a
+    gather and runs the Python loop in the matrix's dtype. No gradient: use soft_smith_waterman for that.
+    """
+    for name, codes in (("query_codes", query_codes), ("target_codes", target_codes)):
+        if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.dtype != torch.uint8:
+            raise ValueError(f"{name} must be a 2-D uint8 tensor (B, length)")
+    if query_codes.shape[0] != target_codes.shape[0]:
+        raise ValueError(f"query_codes and target_codes hold {query_codes.shape[0]} and "
+                         f"{target_codes.shape[0]} pairs")
+    if (not isinstance(matrix, torch.Tensor) or matrix.dim() != 2 or matrix.shape[0] != matrix.shape[1]
+            or not 0 < matrix.shape[0] <= 256 or not matrix.dtype.is_floating_point):
+        raise ValueError("matrix must be a square floating-point tensor of at most 256 x 256")
+    K = matrix.shape[0]
+    for name, codes in (("query_codes", query_codes), ("target_codes", target_codes)):
+        if codes.numel() and int(codes.max()) >= K:
+            raise ValueError(f"{name} holds code {int(codes.max())}, outside the {K} x {K} matrix")
+    gap = _check_number("gap", gap)
+    temperature = _check_number("temperature", temperature)
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 is the exact hard maximum), got {temperature}")
+    backend = _resolve_backend(backend, query_codes.device)
+    B, M = query_codes.shape
+    N = target_codes.shape[1]
+    qlen = _check_lengths("query_lengths", query_lengths, B, M, "M", query_codes.device)
+    tlen = _check_lengths("target_lengths", target_lengths, B, N, "N", query_codes.device)
+    if backend == "reference":
+        S = matrix[query_codes.long()[:, :, None], target_codes.long()[:, None, :]]
+        return soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
+    return _engine(backend).forward_codes(query_codes, target_codes, qlen, tlen, matrix, gap, temperature)
 
 
 class SoftSmithWaterman(nn.Module):

@@ -1,0 +1,76 @@
+"""Chunks of pairs -> length-sorted, padded batches of codes on the compute device.
+
+A chunk bounds how many pairs are in memory at once (so memory stays flat whatever the input size);
+within a chunk, pairs are sorted by length so that each batch pads little, and each batch is cut to a
+budget of padded cells, which bounds the (B, M, N) score tensor wherever one is built (the reference).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_MAX_CELLS = 1 << 26  # padded cells per batch: 256 MiB of float32 scores where S is built
+
+
+@dataclass
+class Batch:
+    positions: list[int]  # where each pair of the batch sits in its chunk
+    query_codes: torch.Tensor  # (b, M) uint8, padded with code 0
+    target_codes: torch.Tensor  # (b, N) uint8
+    query_lengths: torch.Tensor  # (b,) int64
+    target_lengths: torch.Tensor  # (b,) int64
+
+    @property
+    def cells(self) -> int:
+        """Real (unpadded) cells: the work the batch stands for."""
+        return int((self.query_lengths * self.target_lengths).sum())
+
+
+def chunked(items: Iterable, size: int) -> Iterator[list]:
+    """Consecutive lists of at most `size` items, read lazily."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def pad_codes(codes: list[bytes], device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b, longest) uint8 codes padded with 0, and the (b,) lengths, built without a loop over pairs."""
+    lengths = torch.tensor([len(c) for c in codes], dtype=torch.int64)
+    width = int(lengths.max()) if len(codes) else 0
+    joined = b"".join(codes)
+    if width == 0 or not joined:
+        return torch.zeros(len(codes), width, dtype=torch.uint8, device=device), lengths.to(device)
+    flat = torch.frombuffer(bytearray(joined), dtype=torch.uint8)
+    starts = torch.cumsum(lengths, 0) - lengths
+    columns = torch.arange(width)
+    index = (starts[:, None] + columns[None, :]).clamp_(max=flat.numel() - 1)
+    padded = flat[index].masked_fill_(columns[None, :] >= lengths[:, None], 0)
+    return padded.to(device), lengths.to(device)
+
+
+def make_batches(
+    query_codes: list[bytes], target_codes: list[bytes], max_cells: int = DEFAULT_MAX_CELLS, device=None
+) -> list[Batch]:
+    """Sort the chunk's pairs by length and cut it into batches of at most max_cells padded cells."""
+    order = sorted(range(len(query_codes)), key=lambda k: (len(query_codes[k]), len(target_codes[k])))
+    groups: list[list[int]] = []
+    rows = cols = 0
+    for k in order:
+        q, t = len(query_codes[k]), len(target_codes[k])
+        grown_rows, grown_cols = max(rows, q), max(cols, t)
+        if groups and (len(groups[-1]) + 1) * grown_rows * grown_cols <= max_cells:
+            groups[-1].append(k)
+            rows, cols = grown_rows, grown_cols
+        else:
+            groups.append([k])
+            rows, cols = q, t
+    batches = []
+    for positions in groups:
+        q_codes, q_lengths = pad_codes([query_codes[k] for k in positions], device)
+        t_codes, t_lengths = pad_codes([target_codes[k] for k in positions], device)
+        batches.append(Batch(positions, q_codes, t_codes, q_lengths, t_lengths))
+    return batches

@@ -1,0 +1,156 @@
+"""The benchmark harness behind `swcli bench`: kernel times, throughput (GCUPS) and the end-to-end rate.
+
+GCUPS = real cells (sum of qlen * tlen) per second / 1e9. CPU times are host-clock medians (the CPU
+engine is synchronous); CUDA times, once there is a CUDA engine, must come from CUDA events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from swcli import ops
+from swcli._files import packaged_file
+from swcli.errors import SwcliError
+from swcli.fasta import FastaRecord, pairs_in_one_file, read_fasta
+from swcli.output import TsvWriter
+from swcli.pipeline import Settings, Stats, align
+from swcli.reference import soft_smith_waterman_reference
+from swcli.scoring import load_matrix
+
+SEED_SHAPE = (16, 32, 32)
+
+
+@dataclass
+class Row:
+    workload: str
+    backend: str
+    temperature: float
+    pairs: int
+    cells: int  # real cells per run
+    seconds: float  # median per run
+    note: str = ""
+
+    @property
+    def gcups(self) -> float:
+        return self.cells / self.seconds / 1e9
+
+    def record(self) -> dict:
+        return {**asdict(self), "gcups": self.gcups}
+
+
+def median_seconds(run, repeats: int) -> float:
+    """Median host-clock time of run() after one warm-up call (the engine is synchronous on the CPU)."""
+    run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def seed_rows(backend: str, repeats: int) -> list[Row]:
+    S = torch.randn(*SEED_SHAPE)
+    cells = SEED_SHAPE[0] * SEED_SHAPE[1] * SEED_SHAPE[2]
+    engine = median_seconds(lambda: ops.soft_smith_waterman(S, backend=backend), repeats)
+    reference = median_seconds(lambda: soft_smith_waterman_reference(S), min(repeats, 3))
+    return [
+        Row("seed B=16 32x32", backend, 1.0, SEED_SHAPE[0], cells, engine),
+        Row("seed B=16 32x32", "reference", 1.0, SEED_SHAPE[0], cells, reference,
+            f"engine is {reference / engine:,.0f}x faster"),
+    ]
+
+
+def dense_rows(backend: str, repeats: int) -> list[Row]:
+    B, M, N = 256, 256, 256
+    S = torch.randn(B, M, N)
+    return [Row(f"random B={B} {M}x{N}", backend, t, B, B * M * N,
+                median_seconds(lambda: ops.soft_smith_waterman(S, temperature=t, backend=backend), repeats))
+            for t in (1.0, 0.0)]
+
+
+def random_pairs(records: list[FastaRecord], count: int, seed: int = 0) -> list[tuple[FastaRecord, FastaRecord]]:
+    rng = random.Random(seed)
+    return [(rng.choice(records), rng.choice(records)) for _ in range(count)]
+
+
+def real_rows(backend: str, records: list[FastaRecord], repeats: int, count: int = 2048) -> list[Row]:
+    """Real-length pairs through the code-lookup path (the one the CLI uses), one chunk, no I/O."""
+    from swcli.batching import make_batches
+
+    matrix = load_matrix("BLOSUM62")
+    pairs = random_pairs(records, count)
+    q = [matrix.encode(a.sequence, a.where()) for a, _ in pairs]
+    t = [matrix.encode(b.sequence, b.where()) for _, b in pairs]
+    (batch,) = make_batches(q, t, max_cells=1 << 62)
+    table = matrix.tensor()
+    rows = []
+    for temperature in (1.0, 0.0):
+        def run():
+            ops.soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, temperature,
+                                          batch.query_lengths, batch.target_lengths, backend)
+
+        rows.append(Row(f"real pairs ({count})", backend, temperature, count, batch.cells,
+                        median_seconds(run, repeats), "BLOSUM62, gap -4, code lookup"))
+    return rows
+
+
+def end_to_end_rows(backend: str, records: list[FastaRecord], count: int) -> list[Row]:
+    """The whole `swcli align` loop on `count` real-length pairs: FASTA in, TSV out, one run each."""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        fasta = Path(folder) / "pairs.fasta"
+        with open(fasta, "w") as handle:
+            for a, b in random_pairs(records, count):
+                handle.write(f">{a.id}\n{a.sequence}\n>{b.id}\n{b.sequence}\n")
+        for temperature in (1.0, 0.0):
+            settings = Settings(load_matrix("BLOSUM62"), -4.0, temperature, backend)
+            stats = Stats()
+            with TsvWriter(str(Path(folder) / "out.tsv")) as writer:
+                for r in align(pairs_in_one_file(str(fasta)), settings, stats):
+                    writer.write(r.query.id, r.target.id, len(r.query.sequence), len(r.target.sequence), r.score)
+            total = stats.seconds
+            outside = 1 - stats.kernel_seconds / total
+            rows.append(Row(f"end-to-end ({count} pairs)", backend, temperature, count, stats.cells, total,
+                            f"{count / total:,.0f} pairs/s, {outside:.0%} of the time outside the kernel"))
+    return rows
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads, "
+            f"Python {platform.python_version()}")
+
+
+def run_benchmarks(backend: str, fasta: str | None, pairs: int, repeats: int, as_json: bool) -> None:
+    if backend == "reference":
+        raise SwcliError("bench times an engine against the reference loop: choose --backend cpu or auto")
+    records = list(read_fasta(fasta or str(packaged_file("data", "example.fasta"))))
+    rows = seed_rows(backend, repeats) + dense_rows(backend, repeats) + real_rows(backend, records, repeats)
+    if pairs:
+        rows += end_to_end_rows(backend, records, pairs)
+    if as_json:
+        print(json.dumps({"machine": machine(), "rows": [r.record() for r in rows]}, indent=2))
+        return
+    print(f"machine: {machine()}")
+    print(f"| {'workload':<26} | {'backend':<9} | {'t':>3} | {'time':>12} | {'GCUPS':>7} | note")
+    print(f"|{'-' * 28}|{'-' * 11}|{'-' * 5}|{'-' * 14}|{'-' * 9}|------")
+    for r in rows:
+        time_text = f"{r.seconds * 1e6:,.0f} us" if r.seconds < 0.1 else f"{r.seconds:.2f} s"
+        print(f"| {r.workload:<26} | {r.backend:<9} | {r.temperature:>3g} | {time_text:>12} | "
+              f"{r.gcups:>7.3f} | {r.note}")

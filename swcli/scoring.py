@@ -1,0 +1,110 @@
+"""Substitution matrices from Biopython, and letters -> uint8 codes into them.
+
+A sequence is encoded once, with one bytes.translate over a 256-entry table (case-insensitive), so that
+batches are built from codes and scores are looked up on the compute device, never per pair in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from swcli.errors import AlphabetError, MatrixError
+
+INVALID = 255
+
+
+def available_matrices() -> list[str]:
+    """The names Bio.Align.substitution_matrices.load() knows."""
+    from Bio.Align import substitution_matrices
+
+    return substitution_matrices.load()
+
+
+@dataclass(frozen=True)
+class SubstitutionMatrix:
+    """A square scoring matrix over an alphabet, and the table that encodes letters into it."""
+
+    name: str
+    alphabet: str
+    scores: tuple[tuple[float, ...], ...]  # scores[a][b] for codes a, b
+    table: bytes  # 256 entries: byte value -> code, INVALID where the letter is not scored
+    unknown_as: str | None = None
+
+    def tensor(self, dtype=None, device=None):
+        """The scores as a (K, K) tensor, float32 unless told otherwise."""
+        import torch
+
+        return torch.tensor(self.scores, dtype=dtype or torch.float32, device=device)
+
+    def score(self, a: str, b: str) -> float:
+        return self.scores[self.alphabet.index(a)][self.alphabet.index(b)]
+
+    def encode(self, sequence: str, where: str) -> bytes:
+        """Codes of `sequence`; `where` names the record in the error for a letter the matrix lacks."""
+        try:
+            raw = sequence.encode("ascii")
+        except UnicodeEncodeError as exc:
+            self._invalid(sequence, exc.start, where)
+        codes = raw.translate(self.table)
+        bad = codes.find(INVALID)
+        if bad >= 0:
+            self._invalid(sequence, bad, where)
+        return codes
+
+    def _invalid(self, sequence: str, position: int, where: str):
+        hint = "" if self.unknown_as else "; use --unknown-as X to score unknown letters as X"
+        raise AlphabetError(
+            f"{where}: invalid letter {sequence[position]!r} at position {position + 1} "
+            f"(not in the {self.name} alphabet {self.alphabet}{hint})"
+        )
+
+    def with_unknown_as(self, letter: str) -> SubstitutionMatrix:
+        """A copy that encodes every letter outside the alphabet as `letter`."""
+        if len(letter) != 1 or letter.upper() not in self.alphabet.upper():
+            raise MatrixError(
+                f"--unknown-as {letter!r} must be one letter of the {self.name} alphabet {self.alphabet}"
+            )
+        code = self.table[ord(letter)]
+        table = bytes(code if c == INVALID else c for c in self.table)
+        return SubstitutionMatrix(self.name, self.alphabet, self.scores, table, letter)
+
+
+def _from_biopython(name: str, array) -> SubstitutionMatrix:
+    alphabet = array.alphabet
+    if len(array.shape) != 2 or not isinstance(alphabet, str) or array.shape[0] != array.shape[1]:
+        raise MatrixError(f"matrix {name} is not a square substitution matrix over one alphabet")
+    if len(alphabet) >= INVALID:
+        raise MatrixError(f"matrix {name} has {len(alphabet)} letters; at most {INVALID - 1} are supported")
+    table = bytearray([INVALID]) * 256
+    # Lower case first, so a matrix that scores both cases keeps its own code for each.
+    for code, letter in enumerate(alphabet):
+        if ord(letter) < 128:
+            table[ord(letter.lower())] = code
+    for code, letter in enumerate(alphabet):
+        if ord(letter) < 128:
+            table[ord(letter)] = code
+    scores = tuple(tuple(float(array[a][b]) for b in range(len(alphabet))) for a in range(len(alphabet)))
+    return SubstitutionMatrix(name, alphabet, scores, bytes(table))
+
+
+def load_matrix(spec: str) -> SubstitutionMatrix:
+    """A matrix by Biopython name (case-insensitive, e.g. BLOSUM62) or from a matrix file."""
+    from Bio.Align import substitution_matrices
+
+    path = Path(spec)
+    if path.is_file():
+        try:
+            with open(path) as handle:
+                array = substitution_matrices.read(handle)
+        except Exception as exc:  # Biopython raises assorted errors (even AssertionError) on bad files
+            raise MatrixError(f"{spec}: cannot read a substitution matrix from this file ({exc!r})") from exc
+        return _from_biopython(path.name, array)
+    names = available_matrices()
+    by_upper = {n.upper(): n for n in names}
+    if spec.upper() not in by_upper:
+        raise MatrixError(
+            f"unknown matrix {spec!r}: not a file, and not one of Biopython's: {', '.join(names)}"
+        )
+    name = by_upper[spec.upper()]
+    return _from_biopython(name, substitution_matrices.load(name))

@@ -1,0 +1,90 @@
+"""`swcli verify`: a sample of the pairs scored by the chosen backend and by the float64 reference loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from swcli.fasta import FastaRecord
+from swcli.pipeline import Settings, Stats, score_chunk
+
+
+@dataclass(frozen=True)
+class Check:
+    number: int  # 1-based position of the pair in the input
+    query: FastaRecord
+    target: FastaRecord
+    score: float  # the backend's
+    reference: float  # the float64 reference loop's
+
+    @property
+    def absolute(self) -> float:
+        return abs(self.score - self.reference)
+
+    @property
+    def relative(self) -> float:
+        return self.absolute / max(1.0, abs(self.reference))
+
+
+@dataclass
+class Report:
+    backend: str
+    total_pairs: int
+    checks: list[Check]
+
+    @property
+    def worst_relative(self) -> float:
+        # NaN anywhere (a NaN score) must fail: max() would skip it.
+        values = [c.relative for c in self.checks]
+        return float("inf") if any(v != v for v in values) else max(values)
+
+    def describe(self, tolerance: float) -> str:
+        by_abs = max(self.checks, key=lambda c: c.absolute)
+        by_rel = max(self.checks, key=lambda c: c.relative)
+
+        def name(c: Check) -> str:
+            return (f"pair {c.number} ({c.query.id} vs {c.target.id}, {len(c.query.sequence)}x"
+                    f"{len(c.target.sequence)}): {c.score!r} vs reference {c.reference!r}")
+
+        verdict = "OK" if self.worst_relative <= tolerance else "FAILED"
+        return "\n".join([
+            f"checked {len(self.checks)} of {self.total_pairs} pairs: backend {self.backend} against the "
+            "reference loop in float64",
+            f"largest absolute difference {by_abs.absolute:.3g}: {name(by_abs)}",
+            f"largest relative difference {by_rel.relative:.3g}: {name(by_rel)}",
+            f"{verdict}: tolerance {tolerance:g} on |score - reference| / max(1, |reference|)",
+        ])
+
+
+def sample_pairs(pairs: Iterable, k: int, seed: int) -> tuple[list[tuple[int, tuple]], int]:
+    """k pairs drawn uniformly in one pass (reservoir sampling), in input order, and the pair count."""
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, tuple]] = []
+    total = 0
+    for total, pair in enumerate(pairs, 1):
+        if len(reservoir) < k:
+            reservoir.append((total, pair))
+        elif (slot := rng.randrange(total)) < k:
+            reservoir[slot] = (total, pair)
+    return sorted(reservoir, key=lambda item: item[0]), total
+
+
+def verify_pairs(pairs: Iterable, settings: Settings, sample: int, seed: int, progress) -> Report:
+    """Score a sample with settings.backend and with the reference; progress(total_cells) gives a bar."""
+    chosen, total = sample_pairs(pairs, sample, seed)
+    chunk = [pair for _, pair in chosen]
+    scores = score_chunk(chunk, settings, settings.matrix.tensor(device=settings.device), Stats())
+    reference = dataclasses.replace(settings, backend="reference", max_cells=1)  # one pair per batch
+    matrix64 = settings.matrix.tensor(dtype=torch.float64)
+    expected = []
+    cells = sum(len(q.sequence) * len(t.sequence) for q, t in chunk)
+    with progress(cells) as bar:
+        for pair in chunk:
+            expected += score_chunk([pair], reference, matrix64, Stats())
+            bar.update(len(pair[0].sequence) * len(pair[1].sequence))
+    checks = [Check(number, q, t, s, r) for (number, (q, t)), s, r in zip(chosen, scores, expected)]
+    return Report(settings.backend, total, checks)
