@@ -1,0 +1,107 @@
+"""fasta.py: streaming reading (plain, gzip, stdin), validation errors, and the three pairing modes."""
+
+import gzip
+import io
+import sys
+
+import pytest
+
+from swcli.errors import FastaError, PairingError
+from swcli.fasta import all_against_all, pairs_in_one_file, pairs_in_two_files, read_fasta
+
+
+def write(path, text, compress=False):
+    data = text.encode()
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return str(path)
+
+
+def test_reads_ids_and_wrapped_sequences(tmp_path):
+    path = write(tmp_path / "a.fa", ">sp|P1|X first protein\nMKV\nLLA\n\n>b\nmkw\n")
+    records = list(read_fasta(path))
+    assert [(r.id, r.sequence, r.number) for r in records] == [("sp|P1|X", "MKVLLA", 1), ("b", "mkw", 2)]
+    assert records[1].where() == f"{path}: record 2 (b)"
+
+
+def test_gzip_is_detected_from_bytes_not_name(tmp_path):
+    path = write(tmp_path / "plain_name.fa", ">a\nACD\n", compress=True)
+    assert [r.sequence for r in read_fasta(path)] == ["ACD"]
+    plain = write(tmp_path / "looks.gz", ">a\nACD\n")
+    assert [r.sequence for r in read_fasta(plain)] == ["ACD"]
+
+
+def test_stdin(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(b">a\nAC\n>b\nDE\n"))))
+    assert [r.id for r in read_fasta("-")] == ["a", "b"]
+
+
+def test_gzip_stdin(monkeypatch):
+    data = gzip.compress(b">a\nAC\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(data))))
+    assert [r.sequence for r in read_fasta("-")] == ["AC"]
+
+
+def test_reading_is_lazy(tmp_path):
+    path = write(tmp_path / "a.fa", ">a\nAC\n>b\n\n")  # the empty second record fails only when reached
+    records = read_fasta(path)
+    assert next(records).id == "a"
+    with pytest.raises(FastaError):
+        next(records)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty file"),
+    ("\n\n", "empty file"),
+    ("@read1\nACGT\n+\nIIII\n", r"line 1: expected a FASTA header.*FASTQ"),
+    ("some text\n>a\nAC\n", r"line 1: expected a FASTA header starting with '>', found 'some text'"),
+    (">a\nAC\n>b\n>c\nDE\n", r"record 2 \(b\): empty sequence"),
+    (">\nAC\n", "record 1: header has no identifier"),
+])
+def test_malformed_files(tmp_path, text, message):
+    path = write(tmp_path / "bad.fa", text)
+    with pytest.raises(FastaError, match=message) as info:
+        list(read_fasta(path))
+    assert str(info.value).startswith(path)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(FastaError, match="no such file"):
+        list(read_fasta(str(tmp_path / "missing.fa")))
+    with pytest.raises(FastaError, match="is a directory"):
+        list(read_fasta(str(tmp_path)))
+
+
+def test_binary_and_truncated_gzip(tmp_path):
+    binary = tmp_path / "binary.fa"
+    binary.write_bytes(b">a\n\xff\xfe\x00\x81\n")
+    with pytest.raises(FastaError, match="not a text file"):
+        list(read_fasta(str(binary)))
+    truncated = tmp_path / "cut.fa.gz"
+    truncated.write_bytes(gzip.compress(b">a\n" + b"ACDEFGHIKL" * 1000)[:60])
+    with pytest.raises(FastaError, match="gzip"):
+        list(read_fasta(str(truncated)))
+
+
+def test_pair_modes(tmp_path):
+    q = write(tmp_path / "q.fa", ">q1\nAA\n>q2\nCC\n")
+    t = write(tmp_path / "t.fa", ">t1\nDD\n>t2\nEE\n")
+    assert [(a.id, b.id) for a, b in pairs_in_two_files(q, t)] == [("q1", "t1"), ("q2", "t2")]
+    assert [(a.id, b.id) for a, b in pairs_in_one_file(q)] == [("q1", "q2")]
+    assert [(a.id, b.id) for a, b in all_against_all(q, t)] == [
+        ("q1", "t1"), ("q1", "t2"), ("q2", "t1"), ("q2", "t2")]
+    assert len(list(all_against_all(q, q))) == 4
+
+
+def test_unequal_counts_name_both_files(tmp_path):
+    q = write(tmp_path / "q.fa", ">q1\nAA\n>q2\nCC\n>q3\nDD\n")
+    t = write(tmp_path / "t.fa", ">t1\nDD\n")
+    with pytest.raises(PairingError, match=rf"{t} has 1 records, {q} has 3"):
+        list(pairs_in_two_files(q, t))
+    with pytest.raises(PairingError, match=rf"{t} has 1 records, {q} has 3"):
+        list(pairs_in_two_files(t, q))
+
+
+def test_odd_count_in_one_file(tmp_path):
+    path = write(tmp_path / "odd.fa", ">a\nAA\n>b\nCC\n>c\nDD\n")
+    with pytest.raises(PairingError, match=r"odd number of records \(3\).*\(c\) has no partner"):
+        list(pairs_in_one_file(path))

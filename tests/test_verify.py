@@ -1,0 +1,51 @@
+"""verify.py and `swcli verify`: sampling, the report, and exit 1 when the backend is off."""
+
+from pathlib import Path
+
+import swcli.pipeline
+from swcli.cli import main
+from swcli.verify import sample_pairs
+from testing import write_fasta
+
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "data" / "example.fasta")
+
+
+def test_sample_is_uniform_ordered_and_reproducible():
+    chosen, total = sample_pairs(iter(range(1000)), 10, seed=4)
+    numbers = [n for n, _ in chosen]
+    assert total == 1000 and len(chosen) == 10 and numbers == sorted(numbers)
+    assert [pair for _, pair in chosen] == [n - 1 for n in numbers]
+    assert sample_pairs(iter(range(1000)), 10, seed=4) == (chosen, total)
+    assert sample_pairs(iter(range(1000)), 10, seed=5) != (chosen, total)
+    everything, total = sample_pairs(iter(range(3)), 10, seed=0)
+    assert [n for n, _ in everything] == [1, 2, 3] and total == 3
+    # Uniform: over many seeds, early and late pairs are drawn alike.
+    counts = [0, 0]
+    for seed in range(300):
+        for n, _ in sample_pairs(iter(range(100)), 5, seed)[0]:
+            counts[n > 50] += 1
+    assert abs(counts[0] - counts[1]) < 0.15 * sum(counts)
+
+
+def test_verify_passes_on_the_cpu_engine(capsys):
+    code = main(["verify", EXAMPLE, "--sample", "3", "--quiet", "-t", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "checked 3 of 20 pairs: backend cpu" in out and "OK: tolerance 0.0001" in out
+    assert "largest absolute difference" in out and "largest relative difference" in out
+
+
+def test_verify_fails_when_the_backend_is_off(tmp_path, capsys, monkeypatch):
+    real = swcli.pipeline.soft_smith_waterman_codes
+
+    def off_by_a_little(*args, **kwargs):
+        scores = real(*args, **kwargs)
+        backend = args[7] if len(args) > 7 else kwargs.get("backend")
+        return scores if backend == "reference" else scores + 0.01
+
+    monkeypatch.setattr(swcli.pipeline, "soft_smith_waterman_codes", off_by_a_little)
+    path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAW"), ("b", "MKVIAW"), ("c", "WWPP"), ("d", "WWPA")])
+    code = main(["verify", path, "--quiet", "-t", "0"])
+    out = capsys.readouterr().out
+    assert code == 1 and "FAILED" in out and "pair 1 (a vs b" in out
+    assert main(["verify", path, "--quiet", "-t", "0", "--tolerance", "0.1"]) == 0
