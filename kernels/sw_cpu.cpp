@@ -6,9 +6,10 @@
 // wider than the hardware's element by element, hence the explicit packs). One worker per thread
 // (at::parallel_for); a lane takes the next pair of a shared queue, sorted by target length, as soon
 // as its pair is done.
-// Soft mode works in base-2 units: S and the gap are pre-scaled by log2(e)/t, a cell is
-// m + log2(1 + 2^(b-m) + 2^(c-m) + 2^(d-m)) with m the largest of the four terms, and the score is
-// scaled back by t*ln(2) at the end. float32 uses polynomial exp2/log2 on whole vectors; float64 calls
+// Soft mode: a cell is m + t ln2 * log2(1 + sum of 2^((x-m) log2(e)/t) over the three other terms x),
+// with m the largest of the four terms: H stays in score units, so adding the gap is exact as in the
+// reference (pre-scaling S and the gap by c instead made every gap step round the same way, a drift of
+// 2e-4 over 200 steps in float32). float32 uses polynomial exp2/log2 on whole vectors; float64 calls
 // the C library per lane (it is the accuracy path, not the fast one).
 //
 // Backward (only when autograd asks): the forward also stores the DP table H, and a per-pair reverse
@@ -137,9 +138,10 @@ inline Lanes<double>::V log2_one_to_four(Lanes<double>::V x) {
 }
 
 // One DP cell for W pairs. x1 = match, x2 = delete, x3 = insert; the fourth term is 0.
+// log2e_t = log2(e) / t and back = t * ln(2) (unused when Hard).
 template <typename T, bool Hard>
-inline typename Lanes<T>::V cell(typename Lanes<T>::V x1, typename Lanes<T>::V x2,
-                                 typename Lanes<T>::V x3) {
+inline typename Lanes<T>::V cell(typename Lanes<T>::V x1, typename Lanes<T>::V x2, typename Lanes<T>::V x3,
+                                 T log2e_t, T back) {
   using V = typename Lanes<T>::V;
   const V zero = splat<V>(T(0));
   if (Hard) return nan_max(nan_max(x1, x2), nan_max(x3, zero));
@@ -147,8 +149,9 @@ inline typename Lanes<T>::V cell(typename Lanes<T>::V x1, typename Lanes<T>::V x
   const V a = plain_max(x1, x2), b = plain_min(x1, x2);
   const V c = plain_max(x3, zero), d = plain_min(x3, zero);
   const V m = plain_max(a, c), n = plain_min(a, c);
-  const V sum = T(1) + exp2_nonpositive(n - m) + exp2_nonpositive(b - m) + exp2_nonpositive(d - m);
-  V h = m + log2_one_to_four(sum);
+  const V sum = T(1) + exp2_nonpositive((n - m) * log2e_t) + exp2_nonpositive((b - m) * log2e_t) +
+                exp2_nonpositive((d - m) * log2e_t);
+  V h = m + log2_one_to_four(sum) * back;
   h = m == std::numeric_limits<T>::infinity() ? m : h;
   const auto has_nan = (x1 != x1) | (x2 != x2) | (x3 != x3);
   return has_nan ? x1 + x2 + x3 : h;
@@ -162,9 +165,9 @@ struct Problem {
 
 // Where the scores of a cell come from. A source is copied into each worker (it holds buffers) and gets
 // start_pair(lane, pair) when a lane takes a pair, begin_row(lane, pair, i) before each of the lane's
-// rows (i 0-based), and load(j, pack) for the scores of column j (1-based) of a pack's lanes, scaled.
+// rows (i 0-based), and load(j, pack) for the scores of column j (1-based) of a pack's lanes.
 
-// A dense (B, M, N) tensor with any strides: each row is copied, scaled, into a [j][lane] buffer.
+// A dense (B, M, N) tensor with any strides: each row is copied into a [j][lane] buffer.
 template <typename T>
 struct DenseSource {
   using V = typename Lanes<T>::V;
@@ -172,7 +175,6 @@ struct DenseSource {
   const T* S;
   int64_t sB, sM, sN;
   const int64_t* tlen;
-  T scale;
   std::vector<T> rows;
 
   void prepare(int64_t cols) {
@@ -181,7 +183,7 @@ struct DenseSource {
   void start_pair(int, int64_t) {}
   void begin_row(int l, int64_t pair, int64_t i) {
     const T* src = S + pair * sB + i * sM;
-    for (int64_t j = 0; j < tlen[pair]; ++j) rows[(j + 1) * W + l] = src[j * sN] * scale;
+    for (int64_t j = 0; j < tlen[pair]; ++j) rows[(j + 1) * W + l] = src[j * sN];
   }
   V load(int64_t j, int k) const {
     V s;
@@ -190,7 +192,7 @@ struct DenseSource {
   }
 };
 
-// Sequence codes (B, M), (B, N) into a K x K matrix (pre-scaled): the CLI path, which never builds the
+// Sequence codes (B, M), (B, N) into a K x K matrix: the CLI path, which never builds the
 // (B, M, N) scores. Target codes are transposed to [j][lane] once per pair; a cell's score is a gather
 // from the matrix (a few KB, in L1) at query_code * K + target_code.
 struct CodeSource {
@@ -240,7 +242,7 @@ struct CodeSource {
 // own row i.
 template <typename T, bool Hard, typename Source>
 void forward_worker(const Problem& pr, Source& source, const std::vector<int64_t>& queue,
-                    std::atomic<int64_t>& next, T gap, T scale, T* scores, T* dp_table) {
+                    std::atomic<int64_t>& next, T gap, T temperature, T* scores, T* dp_table) {
   using V = typename Lanes<T>::V;
   using I = typename Lanes<T>::I;
   using Index = typename Lanes<T>::Index;
@@ -250,7 +252,11 @@ void forward_worker(const Problem& pr, Source& source, const std::vector<int64_t
   std::vector<V> row((cols + 1) * kPacks);
   source.prepare(cols);
   const V zero = splat<V>(T(0));
-  const V g = splat<V>(gap * scale);
+  const V g = splat<V>(gap);
+  // log2(e)/t, capped so that a tiny t (even a denormal one) gives huge finite exponents, not inf * 0.
+  const T log2e_t = Hard ? T(0) : static_cast<T>(std::min<double>(1.4426950408889634 / temperature,
+                                                                  std::numeric_limits<T>::max()));
+  const T back = temperature * T(0.69314718055994531);
   const int64_t stride_b = (pr.M + 1) * (pr.N + 1);
   int64_t pair[W], row_of[W];  // the lane's pair (-1 when idle) and its current row, 1-based
   I tv[kPacks];                // the lane's target length (0 when idle: every column masked)
@@ -289,7 +295,7 @@ void forward_worker(const Problem& pr, Source& source, const std::vector<int64_t
 #pragma GCC unroll 8
       for (int k = 0; k < kPacks; ++k) {
         const V up = row[j * kPacks + k];
-        const V h = cell<T, Hard>(diag[k] + source.load(j, k), up + g, left[k] + g);
+        const V h = cell<T, Hard>(diag[k] + source.load(j, k), up + g, left[k] + g, log2e_t, back);
         row[j * kPacks + k] = h;
         diag[k] = up;
         left[k] = h;
@@ -300,21 +306,15 @@ void forward_worker(const Problem& pr, Source& source, const std::vector<int64_t
       if (pair[l] < 0) continue;
       if (dp_table != nullptr) {
         T* dst = dp_table + pair[l] * stride_b + row_of[l] * (pr.N + 1);
-        for (int64_t j = 1; j <= pr.tlen[pair[l]]; ++j) dst[j] = row[j * kPacks + l / L][l % L] / scale;
+        for (int64_t j = 1; j <= pr.tlen[pair[l]]; ++j) dst[j] = row[j * kPacks + l / L][l % L];
       }
       if (row_of[l]++ < pr.qlen[pair[l]]) continue;
-      scores[pair[l]] = best[l / L][l % L] / scale;
+      scores[pair[l]] = best[l / L][l % L];
       best[l / L][l % L] = T(0);
       --active;
       take_next_pair(l);
     }
   }
-}
-
-// Soft mode runs in base-2 units: scores and gap times log2(e) / t.
-template <typename T>
-T base2_scale(T temperature) {
-  return temperature == T(0) ? T(1) : T(1.4426950408889634) / temperature;
 }
 
 template <typename T, typename Source>
@@ -324,16 +324,15 @@ void forward_all(const Problem& pr, const Source& prototype, T gap, T temperatur
   std::iota(queue.begin(), queue.end(), 0);
   std::stable_sort(queue.begin(), queue.end(), [&](int64_t a, int64_t b) { return pr.tlen[a] > pr.tlen[b]; });
   std::atomic<int64_t> next{0};
-  const T scale = base2_scale(temperature);
   // A worker per thread while there are W pairs for each; one small batch is one worker's.
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), pr.B / W));
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       Source source = prototype;
       if (temperature == T(0))
-        forward_worker<T, true>(pr, source, queue, next, gap, scale, scores, dp_table);
+        forward_worker<T, true>(pr, source, queue, next, gap, temperature, scores, dp_table);
       else
-        forward_worker<T, false>(pr, source, queue, next, gap, scale, scores, dp_table);
+        forward_worker<T, false>(pr, source, queue, next, gap, temperature, scores, dp_table);
     }
   });
 }
@@ -401,9 +400,9 @@ void check_scores(const at::Tensor& S) {
 }
 
 template <typename T>
-DenseSource<T> dense_source(const at::Tensor& S, const at::Tensor& tlen, T scale) {
+DenseSource<T> dense_source(const at::Tensor& S, const at::Tensor& tlen) {
   return DenseSource<T>{S.data_ptr<T>(), S.stride(0), S.stride(1), S.stride(2), tlen.data_ptr<int64_t>(),
-                        scale, {}};
+                        {}};
 }
 
 }  // namespace
@@ -420,7 +419,7 @@ std::vector<at::Tensor> sw_forward(const at::Tensor& S, const at::Tensor& qlen, 
                                 : at::empty({0}, S.options());
   AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "sw_forward", [&] {
     const auto t = static_cast<scalar_t>(temperature);
-    forward_all<scalar_t>(pr, dense_source<scalar_t>(S, tlen, base2_scale(t)), static_cast<scalar_t>(gap), t,
+    forward_all<scalar_t>(pr, dense_source<scalar_t>(S, tlen), static_cast<scalar_t>(gap), t,
                           scores.data_ptr<scalar_t>(), keep_dp_table ? dp.data_ptr<scalar_t>() : nullptr);
   });
   return {scores, dp};
@@ -443,12 +442,11 @@ at::Tensor sw_forward_codes(const at::Tensor& query, const at::Tensor& target, c
   const int64_t K = matrix.size(0);
   if (q.numel() > 0) TORCH_CHECK(q.max().item<int64_t>() < K, "a query code is outside the matrix");
   if (t.numel() > 0) TORCH_CHECK(t.max().item<int64_t>() < K, "a target code is outside the matrix");
-  const float scale = base2_scale(static_cast<float>(temperature));
-  const at::Tensor scaled = (matrix.to(at::kFloat) * scale).contiguous();
+  const at::Tensor table = matrix.to(at::kFloat).contiguous();
   const Problem pr{q.size(0), q.size(1), t.size(1), qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
   at::Tensor scores = at::zeros({pr.B}, matrix.options().dtype(at::kFloat));
   const CodeSource source{q.data_ptr<uint8_t>(), t.data_ptr<uint8_t>(), pr.M, pr.N, K,
-                          tlen.data_ptr<int64_t>(), scaled.data_ptr<float>(), {}};
+                          tlen.data_ptr<int64_t>(), table.data_ptr<float>(), {}};
   forward_all<float>(pr, source, static_cast<float>(gap), static_cast<float>(temperature),
                      scores.data_ptr<float>(), nullptr);
   return scores;
@@ -466,7 +464,7 @@ at::Tensor sw_backward(const at::Tensor& grad_scores, const at::Tensor& S, const
   at::Tensor grad_S = at::zeros({pr.B, pr.M, pr.N}, S.options());
   AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "sw_backward", [&] {
     const scalar_t* g = grad.data_ptr<scalar_t>();
-    const DenseSource<scalar_t> rows = dense_source<scalar_t>(S, tlen, scalar_t(1));
+    const DenseSource<scalar_t> rows = dense_source<scalar_t>(S, tlen);
     at::parallel_for(0, pr.B, 1, [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> E;
       for (int64_t b = begin; b < end; ++b) {

@@ -11,7 +11,10 @@ def packaged_file(folder: str, filename: str) -> Path:
     checkout = Path(__file__).resolve().parent.parent / folder / filename
     if checkout.is_file():
         return checkout
-    installed = resources.files(f"swcli.{folder}").joinpath(filename)
-    if not installed.is_file():
+    try:
+        installed = resources.files(f"swcli.{folder}").joinpath(filename)
+    except ModuleNotFoundError:  # a checkout has no swcli.<folder> package
+        installed = None
+    if installed is None or not installed.is_file():
         raise FileNotFoundError(f"{folder}/{filename} is missing from the swcli installation")
     return Path(str(installed))

@@ -23,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
@@ -35,9 +36,9 @@ class Backend(str, Enum):
 
 # Options shared by align and verify.
 QueriesArg = Annotated[str, typer.Argument(
-    help="FASTA of queries, plain or gzip (detected from the bytes), or - for stdin.", show_default=False)]
+    metavar="QUERIES", help="FASTA of queries, plain or gzip (detected from the bytes), or - for stdin.", show_default=False)]
 TargetsArg = Annotated[Optional[str], typer.Argument(
-    help="FASTA of targets: record i pairs with query record i. Without it, consecutive records of "
+    metavar="TARGETS", help="FASTA of targets: record i pairs with query record i. Without it, consecutive records of "
          "QUERIES pair up (1 with 2, 3 with 4, ...).", show_default=False)]
 AllVsAllOpt = Annotated[bool, typer.Option(
     "--all-vs-all", help="Score every query against every target (targets are held in memory; with one "

@@ -1,0 +1,231 @@
+"""The build cache (swcli/_build.py): toolchain checks, cache location and naming, the first-compile
+message, error wrapping, and stale-lock recovery (GUIDE section 2: never a hang).
+
+Only the real-engine tests load the compiled CPU engine (from the cache; it compiles once, ~35 s, if
+the cache is cold). Everything else fakes load_inline, so nothing here compiles."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch.utils.cpp_extension as cpp_extension
+
+from swcli import _build
+from swcli._build import BuildError
+
+REPO = Path(__file__).resolve().parent.parent
+NO_COMPILER = "swcli-test-no-such-compiler"
+
+
+# --------------------------------------------------------------------------------------------------
+# Toolchain
+
+
+def test_build_error_is_a_runtime_error():
+    assert issubclass(BuildError, RuntimeError)
+
+
+def test_missing_compiler_is_named(monkeypatch):
+    monkeypatch.setenv("CXX", NO_COMPILER)
+    with pytest.raises(BuildError, match=rf"no C\+\+ compiler found \(looked for '{NO_COMPILER}'"):
+        _build._check_toolchain()
+
+
+def test_missing_ninja_is_named(monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
+    with pytest.raises(BuildError, match=r"ninja is not available"):
+        _build._check_toolchain()
+
+
+def test_toolchain_present_here(monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    assert _build._check_toolchain() is None
+
+
+def test_build_without_compiler_fails_before_compiling(monkeypatch, tmp_path):
+    monkeypatch.setenv("SWCLI_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", NO_COMPILER)
+
+    def must_not_compile(**kwargs):
+        raise AssertionError("load_inline called without a compiler")
+
+    monkeypatch.setattr(cpp_extension, "load_inline", must_not_compile)
+    with pytest.raises(BuildError, match=NO_COMPILER):
+        _build.build("cpu", ["sw_cpu.cpp"], _build.CPU_FLAGS, ["-fopenmp"])
+    assert not list(tmp_path.rglob("*.so"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources and cache location
+
+
+def test_kernel_source_reads_the_kernel():
+    text = _build.kernel_source("sw_cpu.cpp")
+    assert "PYBIND11_MODULE" in text
+    assert text == (REPO / "kernels" / "sw_cpu.cpp").read_text()
+
+
+def test_kernel_source_missing_file_is_a_build_error():
+    with pytest.raises(BuildError, match="no_such_kernel.cu"):
+        _build.kernel_source("no_such_kernel.cu")
+
+
+def test_cache_root_honours_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SWCLI_CACHE_DIR", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _build.cache_root() == tmp_path / "explicit"
+    monkeypatch.delenv("SWCLI_CACHE_DIR")
+    assert _build.cache_root() == tmp_path / "xdg" / "swcli"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _build.cache_root() == tmp_path / "home" / ".cache" / "swcli"
+
+
+# --------------------------------------------------------------------------------------------------
+# build(): naming, message, error wrapping (with load_inline faked)
+
+
+class FakeLoadInline:
+    def __init__(self, error=None):
+        self.calls = []
+        self.error = error
+
+    def __call__(self, **kwargs):
+        self.calls.append(kwargs)
+        if self.error is not None:
+            raise self.error
+        return types.SimpleNamespace(__name__=kwargs["name"])
+
+
+@pytest.fixture
+def fake_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("SWCLI_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    fake = FakeLoadInline()
+    monkeypatch.setattr(cpp_extension, "load_inline", fake)
+    return fake
+
+
+def test_build_names_and_places_the_module_by_content(fake_build, tmp_path, capsys):
+    first = _build.build("cpu", ["sw_cpu.cpp"], ["-O3"], [])
+    again = _build.build("cpu", ["sw_cpu.cpp"], ["-O3"], [])
+    other_flags = _build.build("cpu", ["sw_cpu.cpp"], ["-O2"], [])
+    assert first.__name__ == again.__name__
+    assert first.__name__ != other_flags.__name__
+    assert first.__name__.startswith("swcli_cpu_") and len(first.__name__) == len("swcli_cpu_") + 16
+    call = fake_build.calls[0]
+    assert Path(call["build_directory"]) == tmp_path / first.__name__
+    assert Path(call["build_directory"]).is_dir()
+    assert call["cpp_sources"] == [_build.kernel_source("sw_cpu.cpp")]
+    assert call["extra_cflags"] == ["-O3"]
+
+
+def test_first_compile_prints_one_line(fake_build, tmp_path, capsys):
+    module = _build.build("cpu", ["sw_cpu.cpp"], ["-O3"], [])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "compiling the cpu engine" in lines[0]
+    assert str(tmp_path / module.__name__) in lines[0]
+    # once the binary exists, loading is silent
+    (tmp_path / module.__name__ / f"{module.__name__}.so").write_bytes(b"")
+    _build.build("cpu", ["sw_cpu.cpp"], ["-O3"], [])
+    assert capsys.readouterr().err == ""
+
+
+def test_build_failure_is_a_build_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("SWCLI_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(cpp_extension, "load_inline",
+                        FakeLoadInline(RuntimeError("Error building extension 'x'")))
+    with pytest.raises(BuildError, match=r"building the cpu engine in .* failed: Error building"):
+        _build.build("cpu", ["sw_cpu.cpp"], ["-O3"], [])
+
+
+def test_build_removes_a_stale_torch_lock(fake_build, tmp_path):
+    first = _build.build("cpu", ["sw_cpu.cpp"], ["-O3"], [])
+    lock = tmp_path / first.__name__ / "lock"
+    lock.write_text("")
+    _build.build("cpu", ["sw_cpu.cpp"], ["-O3"], [])
+    assert not lock.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Stale locks
+
+
+def test_remove_stale_torch_lock(tmp_path):
+    (tmp_path / "lock").write_text("")
+    (tmp_path / "build.ninja").write_text("keep me")
+    _build._remove_stale_torch_lock(tmp_path)
+    assert not (tmp_path / "lock").exists()
+    assert (tmp_path / "build.ninja").read_text() == "keep me"
+    _build._remove_stale_torch_lock(tmp_path)  # no lock: nothing to do, no error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build.ninja"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The real engine (from the cache)
+
+
+def test_cpu_engine_is_cached_in_process():
+    first = _build.cpu_engine()
+    assert _build.cpu_engine() is first
+    assert callable(first.forward) and callable(first.backward)
+
+
+def test_cpu_engine_lives_in_the_cache():
+    engine = _build.cpu_engine()
+    build_dir = Path(engine.__file__).resolve().parent
+    assert build_dir.name == engine.__name__
+    assert build_dir.parent == _build.cache_root().resolve()
+    assert engine.__name__.startswith("swcli_cpu_")
+
+
+def _load_engine_in_subprocess(cache_dir: Path, timeout: float, disable_recovery: bool = False):
+    code = "from swcli import _build\n"
+    if disable_recovery:
+        code += "_build._remove_stale_torch_lock = lambda build_dir: None\n"
+    code += "print(_build.cpu_engine().__name__)\n"
+    env = dict(os.environ, SWCLI_CACHE_DIR=str(cache_dir),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def test_stale_lock_is_recovered_not_a_hang():
+    # A torch FileBaton `lock` left in the real cpu engine's build directory, as a killed compile
+    # leaves it. A fresh subprocess has its own empty cpu_engine cache, so it really goes through
+    # build() and load_inline on that directory.
+    engine = _build.cpu_engine()
+    build_dir = Path(engine.__file__).resolve().parent
+    lock = build_dir / "lock"
+    lock.write_text("")
+    try:
+        proc = _load_engine_in_subprocess(build_dir.parent, timeout=120)
+        lock_left = lock.exists()
+    finally:
+        if lock.exists():
+            lock.unlink()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == engine.__name__
+    assert "compiling" not in proc.stderr  # the cached binary was reused, not rebuilt
+    assert not lock_left
+
+
+def test_stale_lock_would_hang_without_recovery(tmp_path):
+    # The scenario above is real: with the recovery disabled, torch's FileBaton waits on the lock for
+    # ever (it waits before it even looks for a binary, so an empty cache directory shows it).
+    name = _build.cpu_engine().__name__
+    (tmp_path / name).mkdir()
+    lock = tmp_path / name / "lock"
+    lock.write_text("")
+    with pytest.raises(subprocess.TimeoutExpired):
+        _load_engine_in_subprocess(tmp_path, timeout=8, disable_recovery=True)
+    assert lock.exists()
+    assert not list(tmp_path.rglob("*.so"))

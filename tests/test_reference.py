@@ -1,0 +1,216 @@
+"""The reference loop itself (swcli/reference.py): the ground truth must be right before anything is
+checked against it. Oracles here: hand-computed cases, a scalar pure-Python transcription of GUIDE
+section 1, and Biopython at temperature 0."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from swcli.reference import SoftSmithWatermanReference, soft_smith_waterman_reference
+from testing import (
+    biopython_score,
+    random_lengths,
+    random_protein_pairs,
+    random_scores,
+    related_protein_pairs,
+    score_matrices,
+)
+
+ref = soft_smith_waterman_reference
+
+
+def scalar_soft_smith_waterman(S, gap: float, t: float) -> float:
+    """GUIDE section 1, one pair, in plain Python floats (math.log/exp): independent of torch."""
+    M = len(S)
+    N = len(S[0]) if M else 0
+    H = [[0.0] * (N + 1) for _ in range(M + 1)]
+    best = 0.0
+    for i in range(1, M + 1):
+        for j in range(1, N + 1):
+            x = (0.0, H[i - 1][j - 1] + S[i - 1][j - 1], H[i - 1][j] + gap, H[i][j - 1] + gap)
+            m = max(x)
+            H[i][j] = m if t == 0 else m + t * math.log(sum(math.exp((v - m) / t) for v in x))
+            best = max(best, H[i][j])
+    return best
+
+
+# --------------------------------------------------------------------------------------------------
+# Sizes zero
+
+
+@pytest.mark.parametrize("t", [0.0, 1.0])
+@pytest.mark.parametrize("shape", [(0, 3, 4), (2, 0, 4), (2, 3, 0), (0, 0, 0)])
+def test_zero_size_gives_zero(shape, t):
+    S = torch.full(shape, 5.0, dtype=torch.float64)
+    out = ref(S, -1.0, t)
+    assert out.shape == (shape[0],)
+    assert torch.equal(out, torch.zeros(shape[0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("t", [0.0, 1.0])
+def test_zero_lengths_give_zero(t):
+    S = torch.full((3, 4, 5), 7.0, dtype=torch.float64)
+    out = ref(S, -1.0, t, torch.tensor([0, 4, 2]), torch.tensor([5, 0, 3]))
+    assert out[0].item() == 0.0 and out[1].item() == 0.0
+    assert out[2].item() > 7.0  # the non-empty pair still scores
+
+
+# --------------------------------------------------------------------------------------------------
+# Hand-computed cases
+
+
+@pytest.mark.parametrize("s", [-3.0, -0.25, 0.0, 0.5, 2.0, 7.0])
+@pytest.mark.parametrize("gap", [-1.0, -4.0])
+def test_one_by_one_hard(s, gap):
+    out = ref(torch.tensor([[[s]]], dtype=torch.float64), gap, 0.0)
+    assert out.item() == max(0.0, s)
+
+
+@pytest.mark.parametrize("s", [-3.0, 0.0, 2.0])
+@pytest.mark.parametrize("gap", [-0.5, -4.0])
+@pytest.mark.parametrize("t", [0.1, 1.0, 10.0])
+def test_one_by_one_soft(s, gap, t):
+    # H[1][1] = t log(e^0 + e^(s/t) + 2 e^(g/t)) (match from H00, delete from H01, insert from H10);
+    # it is >= 0, so it is also the max over the table with its zero border.
+    expected = t * math.log(1.0 + math.exp(s / t) + 2.0 * math.exp(gap / t))
+    out = ref(torch.tensor([[[s]]], dtype=torch.float64), gap, t)
+    assert out.item() == pytest.approx(expected, rel=1e-14, abs=1e-14)
+
+
+def test_hand_cases_hard():
+    # 1x3 [5, -10, 5], g = -1: H = 5, max(0, -10, -1, 4) = 4, max(0, 5, -1, 3) = 5.
+    S = torch.tensor([[[5.0, -10.0, 5.0]]], dtype=torch.float64)
+    assert ref(S, -1.0, 0.0).item() == 5.0
+    # Query AB against target AXB, match 3, mismatch -5, g = -1: 3 + 3 - 1 through one gap.
+    S = torch.tensor([[[3.0, -5.0, -5.0], [-5.0, -5.0, 3.0]]], dtype=torch.float64)
+    assert ref(S, -1.0, 0.0).item() == 5.0
+    # The same with a gap of -4 no longer pays: the best is a single match.
+    assert ref(S, -4.0, 0.0).item() == 3.0
+    # Diagonal [[1, -1], [-1, 1]]: H22 = H11 + 1 = 2.
+    S = torch.tensor([[[1.0, -1.0], [-1.0, 1.0]]], dtype=torch.float64)
+    assert ref(S, -1.0, 0.0).item() == 2.0
+    # All negative: the empty alignment, 0.
+    assert ref(-torch.ones(1, 3, 3, dtype=torch.float64), -1.0, 0.0).item() == 0.0
+
+
+def test_two_by_two_soft_by_hand():
+    s11, s12, s21, s22, g, t = 1.0, -1.0, -1.0, 1.0, -1.0, 1.0
+    lse = lambda *x: t * math.log(sum(math.exp(v / t) for v in x))  # noqa: E731
+    h11 = lse(0.0, s11, g, g)
+    h12 = lse(0.0, s12, g, h11 + g)
+    h21 = lse(0.0, s21, h11 + g, g)
+    h22 = lse(0.0, h11 + s22, h12 + g, h21 + g)
+    expected = max(0.0, h11, h12, h21, h22)
+    S = torch.tensor([[[s11, s12], [s21, s22]]], dtype=torch.float64)
+    assert ref(S, g, t).item() == pytest.approx(expected, rel=1e-14)
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 5.0])
+def test_matches_scalar_transcription(t):
+    S = random_scores((6, 7, 5), seed=11, scale=2.0)
+    out = ref(S, -0.7, t)
+    for b in range(S.shape[0]):
+        expected = scalar_soft_smith_waterman(S[b].tolist(), -0.7, t)
+        assert out[b].item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------
+# Lengths and padding
+
+
+@pytest.mark.parametrize("t", [0.0, 0.5, 1.0])
+def test_lengths_score_the_sliced_matrix(t):
+    B, M, N = 7, 9, 11
+    S = random_scores((B, M, N), seed=21)
+    qlen = random_lengths(B, M, seed=22)
+    tlen = random_lengths(B, N, seed=23)
+    out = ref(S, -1.0, t, qlen, tlen)
+    for b in range(B):
+        alone = ref(S[b : b + 1, : qlen[b], : tlen[b]], -1.0, t)
+        assert out[b].item() == alone.item(), f"pair {b} ({qlen[b]}x{tlen[b]})"
+
+
+@pytest.mark.parametrize("t", [0.0, 1.0])
+def test_only_one_length_given(t):
+    S = random_scores((3, 6, 8), seed=31)
+    qlen = torch.tensor([2, 6, 4])
+    out_q = ref(S, -1.0, t, query_lengths=qlen)
+    out_t = ref(S, -1.0, t, target_lengths=qlen)
+    for b in range(3):
+        assert out_q[b].item() == ref(S[b : b + 1, : qlen[b]], -1.0, t).item()
+        assert out_t[b].item() == ref(S[b : b + 1, :, : qlen[b]], -1.0, t).item()
+
+
+@pytest.mark.parametrize("junk", [float("nan"), float("inf"), float("-inf"), 1e6])
+@pytest.mark.parametrize("t", [0.0, 1.0])
+def test_padding_outside_the_window_is_ignored(junk, t):
+    B, M, N = 5, 8, 9
+    S = random_scores((B, M, N), seed=41)
+    qlen = random_lengths(B, M, seed=42, low=1)
+    tlen = random_lengths(B, N, seed=43, low=1)
+    clean = ref(S, -1.0, t, qlen, tlen)
+    padded = S.clone()
+    rows = torch.arange(M).view(1, M, 1) >= qlen.view(B, 1, 1)
+    cols = torch.arange(N).view(1, 1, N) >= tlen.view(B, 1, 1)
+    padded[rows | cols] = junk
+    assert (rows | cols).any()
+    out = ref(padded, -1.0, t, qlen, tlen)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, clean)
+
+
+def test_nan_inside_the_window_poisons_that_pair_only():
+    S = random_scores((4, 5, 6), seed=51)
+    S[2, 1, 3] = float("nan")
+    out = ref(S, -1.0, 1.0)
+    assert torch.isnan(out[2])
+    assert torch.isfinite(out[[0, 1, 3]]).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# Temperature 0 against Biopython: exact in float64
+
+
+@pytest.mark.parametrize("gap", [-0.5, -1.0, -4.0])
+def test_temperature_zero_equals_biopython(gap):
+    pairs = random_protein_pairs(seed=61, count=6, min_length=1, max_length=40)
+    pairs += related_protein_pairs(seed=62, count=6, min_length=20, max_length=40)
+    S, qlen, tlen = score_matrices(pairs, pad=float("nan"))
+    out = ref(S, gap, 0.0, qlen, tlen)
+    for b, (q, t) in enumerate(pairs):
+        assert out[b].item() == biopython_score(q, t, gap), f"pair {b}: {q} / {t}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Properties of the ground truth
+
+
+def test_soft_decreases_to_hard():
+    S = random_scores((4, 10, 12), seed=71)
+    hard = ref(S, -1.0, 0.0)
+    previous = None
+    for t in [2.0, 1.0, 0.1, 0.01]:
+        soft = ref(S, -1.0, t)
+        assert (soft >= hard).all()
+        assert (soft - hard <= t * math.log(4.0) * (10 + 12)).all()
+        if previous is not None:
+            assert (soft <= previous).all()
+        previous = soft
+
+
+def test_reference_gradient_lies_in_unit_interval():
+    S = random_scores((3, 6, 7), seed=81).requires_grad_()
+    ref(S, -1.0, 1.0).sum().backward()
+    assert (S.grad >= 0).all() and (S.grad <= 1).all()
+    assert (S.grad > 0).any()
+
+
+@pytest.mark.parametrize("gap_open,t", [(-1.0, 1.0), (-0.5, 0.0), (-4.0, 0.2)])
+def test_seed_module_is_the_function(gap_open, t):
+    S = random_scores((5, 6, 7), seed=91)
+    module = SoftSmithWatermanReference() if (gap_open, t) == (-1.0, 1.0) else \
+        SoftSmithWatermanReference(gap_open, t)
+    assert torch.equal(module(S), ref(S, gap_open, t))
