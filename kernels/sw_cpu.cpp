@@ -417,6 +417,7 @@ std::vector<at::Tensor> sw_forward(const at::Tensor& S, const at::Tensor& qlen, 
   at::Tensor scores = at::zeros({pr.B}, S.options());
   at::Tensor dp = keep_dp_table ? at::zeros({pr.B, pr.M + 1, pr.N + 1}, S.options())
                                 : at::empty({0}, S.options());
+  pybind11::gil_scoped_release no_gil;  // pure C++ from here: let other Python threads run
   AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "sw_forward", [&] {
     const auto t = static_cast<scalar_t>(temperature);
     forward_all<scalar_t>(pr, dense_source<scalar_t>(S, tlen), static_cast<scalar_t>(gap), t,
@@ -447,6 +448,7 @@ at::Tensor sw_forward_codes(const at::Tensor& query, const at::Tensor& target, c
   at::Tensor scores = at::zeros({pr.B}, matrix.options().dtype(at::kFloat));
   const CodeSource source{q.data_ptr<uint8_t>(), t.data_ptr<uint8_t>(), pr.M, pr.N, K,
                           tlen.data_ptr<int64_t>(), table.data_ptr<float>(), {}};
+  pybind11::gil_scoped_release no_gil;
   forward_all<float>(pr, source, static_cast<float>(gap), static_cast<float>(temperature),
                      scores.data_ptr<float>(), nullptr);
   return scores;
@@ -462,6 +464,7 @@ at::Tensor sw_backward(const at::Tensor& grad_scores, const at::Tensor& S, const
               "DP table does not match the score matrix");
   const at::Tensor grad = grad_scores.to(S.scalar_type()).contiguous();
   at::Tensor grad_S = at::zeros({pr.B, pr.M, pr.N}, S.options());
+  pybind11::gil_scoped_release no_gil;
   AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "sw_backward", [&] {
     const scalar_t* g = grad.data_ptr<scalar_t>();
     const DenseSource<scalar_t> rows = dense_source<scalar_t>(S, tlen);

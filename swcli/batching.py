@@ -38,18 +38,14 @@ def chunked(items: Iterable, size: int) -> Iterator[list]:
 
 
 def pad_codes(codes: list[bytes], device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(b, longest) uint8 codes padded with 0, and the (b,) lengths, built without a loop over pairs."""
+    """(b, longest) uint8 codes padded with 0, and the (b,) lengths: one memcpy-like slice per pair."""
+    width = max(map(len, codes), default=0)
+    padded = bytearray(len(codes) * width)
+    for row, c in enumerate(codes):
+        padded[row * width: row * width + len(c)] = c
     lengths = torch.tensor([len(c) for c in codes], dtype=torch.int64)
-    width = int(lengths.max()) if len(codes) else 0
-    joined = b"".join(codes)
-    if width == 0 or not joined:
-        return torch.zeros(len(codes), width, dtype=torch.uint8, device=device), lengths.to(device)
-    flat = torch.frombuffer(bytearray(joined), dtype=torch.uint8)
-    starts = torch.cumsum(lengths, 0) - lengths
-    columns = torch.arange(width)
-    index = (starts[:, None] + columns[None, :]).clamp_(max=flat.numel() - 1)
-    padded = flat[index].masked_fill_(columns[None, :] >= lengths[:, None], 0)
-    return padded.to(device), lengths.to(device)
+    table = torch.frombuffer(padded, dtype=torch.uint8) if padded else torch.zeros(0, dtype=torch.uint8)
+    return table.view(len(codes), width).to(device), lengths.to(device)
 
 
 def make_batches(

@@ -90,8 +90,8 @@ def real_rows(backend: str, records: list[FastaRecord], repeats: int, count: int
 
     matrix = load_matrix("BLOSUM62")
     pairs = random_pairs(records, count)
-    q = [matrix.encode(a.sequence, a.where()) for a, _ in pairs]
-    t = [matrix.encode(b.sequence, b.where()) for _, b in pairs]
+    q = [matrix.encode(a.sequence, a.where) for a, _ in pairs]
+    t = [matrix.encode(b.sequence, b.where) for _, b in pairs]
     (batch,) = make_batches(q, t, max_cells=1 << 62)
     table = matrix.tensor()
     rows = []

@@ -22,7 +22,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 STDIN = "-"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FastaRecord:
     source: str  # the file name as given ('-' for stdin)
     number: int  # 1-based record number in its file

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
-from swcli.batching import DEFAULT_MAX_CELLS, chunked, make_batches
+from swcli.batching import DEFAULT_MAX_CELLS, Batch, chunked, make_batches
 from swcli.fasta import FastaRecord
 from swcli.ops import soft_smith_waterman_codes
 from swcli.scoring import SubstitutionMatrix
@@ -26,7 +27,16 @@ class Settings:
     temperature: float = 1.0
     backend: str = "cpu"  # a resolved backend: cpu, cuda or reference
     chunk_size: int = DEFAULT_CHUNK_SIZE
-    max_cells: int = DEFAULT_MAX_CELLS
+    # Padded cells per batch. None: no cap for the compiled engines, which look scores up from codes and
+    # never build the (B, M, N) tensor (small batches would only leave SIMD lanes idle); the reference
+    # builds it, so it gets DEFAULT_MAX_CELLS.
+    max_cells: int | None = None
+
+    @property
+    def batch_cells(self) -> int:
+        if self.max_cells is not None:
+            return self.max_cells
+        return DEFAULT_MAX_CELLS if self.backend == "reference" else 1 << 62
 
     @property
     def device(self) -> torch.device:
@@ -47,21 +57,26 @@ class Stats:
         return time.perf_counter() - self.started
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Alignment:
     query: FastaRecord
     target: FastaRecord
     score: float
 
 
-def score_chunk(chunk: list[tuple[FastaRecord, FastaRecord]], settings: Settings, matrix: torch.Tensor,
-                stats: Stats) -> list[float]:
-    """Scores of one chunk of pairs, in the chunk's order."""
+def encode_chunk(chunk: list[tuple[FastaRecord, FastaRecord]], settings: Settings) -> list[Batch]:
+    """Codes of a chunk's pairs, in length-sorted padded batches on the compute device."""
     encode = settings.matrix.encode
-    query_codes = [encode(q.sequence, q.where()) for q, _ in chunk]
-    target_codes = [encode(t.sequence, t.where()) for _, t in chunk]
-    scores = [0.0] * len(chunk)
-    for batch in make_batches(query_codes, target_codes, settings.max_cells, settings.device):
+    query_codes = [encode(q.sequence, q.where) for q, _ in chunk]
+    target_codes = [encode(t.sequence, t.where) for _, t in chunk]
+    return make_batches(query_codes, target_codes, settings.batch_cells, settings.device)
+
+
+def score_batches(batches: list[Batch], count: int, settings: Settings, matrix: torch.Tensor,
+                  stats: Stats) -> list[float]:
+    """Scores of a chunk's batches, put back in the chunk's order."""
+    scores = [0.0] * count
+    for batch in batches:
         started = time.perf_counter()
         values = soft_smith_waterman_codes(
             batch.query_codes, batch.target_codes, matrix, settings.gap, settings.temperature,
@@ -71,18 +86,44 @@ def score_chunk(chunk: list[tuple[FastaRecord, FastaRecord]], settings: Settings
         stats.cells += batch.cells
         for position, value in zip(batch.positions, values):
             scores[position] = value
-    stats.pairs += len(chunk)
     return scores
+
+
+def score_chunk(chunk: list[tuple[FastaRecord, FastaRecord]], settings: Settings, matrix: torch.Tensor,
+                stats: Stats) -> list[float]:
+    """Scores of one chunk of pairs, in the chunk's order, in this thread."""
+    return score_batches(encode_chunk(chunk, settings), len(chunk), settings, matrix, stats)
 
 
 def align(pairs: Iterable[tuple[FastaRecord, FastaRecord]], settings: Settings, stats: Stats | None = None,
           on_chunk=None) -> Iterator[Alignment]:
-    """Alignments of the pairs, in input order, scored chunk by chunk; on_chunk(stats) after each."""
+    """Alignments of the pairs, in input order, scored chunk by chunk; on_chunk(stats) after each.
+
+    The scores of chunk k are computed in a worker thread (the engines release the GIL) while this
+    thread reads and encodes chunk k+1 and the caller writes the rows of chunk k-1: one chunk is
+    scored at a time, and at most three are in memory.
+    """
     stats = stats if stats is not None else Stats()
     matrix = settings.matrix.tensor(device=settings.device)
-    for chunk in chunked(pairs, settings.chunk_size):
-        scores = score_chunk(chunk, settings, matrix, stats)
-        if on_chunk is not None:
-            on_chunk(stats)
-        for (query, target), score in zip(chunk, scores):
-            yield Alignment(query, target, score)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-score")
+    try:
+        previous = None
+        for chunk in chunked(pairs, settings.chunk_size):
+            batches = encode_chunk(chunk, settings)
+            scoring = pool.submit(score_batches, batches, len(chunk), settings, matrix, stats)
+            if previous is not None:
+                yield from _finish(*previous, stats, on_chunk)
+            previous = (chunk, scoring)
+        if previous is not None:
+            yield from _finish(*previous, stats, on_chunk)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _finish(chunk, scoring: Future, stats: Stats, on_chunk) -> Iterator[Alignment]:
+    scores = scoring.result()
+    stats.pairs += len(chunk)
+    if on_chunk is not None:
+        on_chunk(stats)
+    for (query, target), score in zip(chunk, scores):
+        yield Alignment(query, target, score)

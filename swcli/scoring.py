@@ -6,6 +6,7 @@ batches are built from codes and scores are looked up on the compute device, nev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +41,9 @@ class SubstitutionMatrix:
     def score(self, a: str, b: str) -> float:
         return self.scores[self.alphabet.index(a)][self.alphabet.index(b)]
 
-    def encode(self, sequence: str, where: str) -> bytes:
-        """Codes of `sequence`; `where` names the record in the error for a letter the matrix lacks."""
+    def encode(self, sequence: str, where: Callable[[], str]) -> bytes:
+        """Codes of `sequence`; where() names the record in the error for a letter the matrix lacks
+        (a callable, so that the name is only built for an error)."""
         try:
             raw = sequence.encode("ascii")
         except UnicodeEncodeError as exc:
@@ -52,10 +54,10 @@ class SubstitutionMatrix:
             self._invalid(sequence, bad, where)
         return codes
 
-    def _invalid(self, sequence: str, position: int, where: str):
+    def _invalid(self, sequence: str, position: int, where: Callable[[], str]):
         hint = "" if self.unknown_as else "; use --unknown-as X to score unknown letters as X"
         raise AlphabetError(
-            f"{where}: invalid letter {sequence[position]!r} at position {position + 1} "
+            f"{where()}: invalid letter {sequence[position]!r} at position {position + 1} "
             f"(not in the {self.name} alphabet {self.alphabet}{hint})"
         )
 
