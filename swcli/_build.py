@@ -59,7 +59,7 @@ def _check_toolchain() -> None:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise BuildError(
-            f"no C++ compiler found (looked for '{compiler}'; set CXX or install g++) : "
+            f"no C++ compiler found (looked for '{compiler}'; set CXX or install g++): "
             "swcli compiles its CPU engine on first use"
         )
     from torch.utils.cpp_extension import is_ninja_available
@@ -86,9 +86,19 @@ def build(name: str, sources: list[str], extra_cflags: list[str], extra_ldflags:
     )
     module_name = f"swcli_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     build_dir = cache_root() / module_name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_root() / f"{module_name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(cache_root() / f"{module_name}.lock", "w")
+    except OSError as exc:
+        raise BuildError(f"cannot use the kernel cache {cache_root()} ({exc.strerror}); "
+                         "point SWCLI_CACHE_DIR at a writable folder") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"swcli: waiting for another process that is compiling the {name} engine",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
         _remove_stale_torch_lock(build_dir)
         if not (build_dir / f"{module_name}.so").exists():
             _check_toolchain()

@@ -90,10 +90,14 @@ def _settings(matrix: str, unknown_as: Optional[str], gap: float, temperature: f
     from swcli.pipeline import Settings
     from swcli.scoring import load_matrix
 
+    from swcli.ops import prepare_backend
+
     substitution = load_matrix(matrix)
     if unknown_as is not None:
         substitution = substitution.with_unknown_as(unknown_as)
-    return Settings(substitution, gap, temperature, _resolve_backend(backend), **extra)
+    resolved = _resolve_backend(backend)
+    prepare_backend(resolved)
+    return Settings(substitution, gap, temperature, resolved, **extra)
 
 
 def _progress_bar(quiet: bool, unit: str, total=None):

@@ -57,12 +57,20 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
 
 
 def _engine(backend: str):
+    """The compiled engine of a backend, built on first use (see _build)."""
     if backend == "cpu":
         return _build.cpu_engine()
     raise NotImplementedError(
         "the CUDA engine is not part of this version of swcli; use backend='reference' on the GPU "
         "or move the score matrix to the CPU"
     )
+
+
+def prepare_backend(backend: str) -> None:
+    """Build (or load) the engine behind a resolved backend now, so a first compile or a build error
+    comes before any output rather than in the middle of it."""
+    if backend != "reference":
+        _engine(backend)
 
 
 class _SoftSmithWatermanFunction(torch.autograd.Function):

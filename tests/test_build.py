@@ -229,3 +229,34 @@ def test_stale_lock_would_hang_without_recovery(tmp_path):
         _load_engine_in_subprocess(tmp_path, timeout=8, disable_recovery=True)
     assert lock.exists()
     assert not list(tmp_path.rglob("*.so"))
+
+
+def test_unwritable_cache_is_a_build_error(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SWCLI_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(BuildError, match="cannot use the kernel cache.*SWCLI_CACHE_DIR"):
+        _build.build("cpu", ["sw_cpu.cpp"], _build.CPU_FLAGS, ["-fopenmp"])
+
+
+def test_a_second_process_says_it_waits_for_a_running_build():
+    # Hold the build lock as a compiling process would; another process must say it waits, then go on.
+    import fcntl
+    import select
+
+    engine = _build.cpu_engine()
+    cache = Path(engine.__file__).resolve().parent.parent
+    env = dict(os.environ, SWCLI_CACHE_DIR=str(cache),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    with open(cache / f"{engine.__name__}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = subprocess.Popen([sys.executable, "-c", "from swcli import _build; _build.cpu_engine()"],
+                                cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            ready, _, _ = select.select([proc.stderr], [], [], 60)  # no message must not hang the test
+            first_line = proc.stderr.readline() if ready else ""
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+    _, rest = proc.communicate(timeout=120)
+    assert "waiting for another process that is compiling the cpu engine" in first_line
+    assert proc.returncode == 0, rest

@@ -210,3 +210,16 @@ def test_broken_pipe_is_quiet(tmp_path):
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.stdout == "query\ttarget\tqlen\ttlen\tscore\n"
     assert result.stderr == ""
+
+
+def test_engine_build_failure_is_one_line_before_any_output(tmp_path, capsys, monkeypatch):
+    import swcli._build
+
+    def no_compiler():
+        raise swcli._build.BuildError("no C++ compiler found (looked for 'c++'; set CXX or install g++)")
+
+    monkeypatch.setattr(swcli._build, "cpu_engine", no_compiler)
+    path = write_fasta(tmp_path / "x.fa", [("a", "MK"), ("b", "MK")])
+    code, out, err = run(["align", path, "--backend", "cpu"], capsys)
+    assert code == 1 and out == ""
+    assert err == "swcli: error: no C++ compiler found (looked for 'c++'; set CXX or install g++)\n"
