@@ -56,6 +56,20 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def _check_arguments(gap, temperature, backend: str, device, shape: tuple[int, int, int], query_lengths,
+                     target_lengths):
+    """The checks both entry points share: (gap, temperature, resolved backend, qlen, tlen)."""
+    gap = _check_number("gap", gap)
+    temperature = _check_number("temperature", temperature)
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 is the exact hard maximum), got {temperature}")
+    backend = _resolve_backend(backend, device)
+    B, M, N = shape
+    qlen = _check_lengths("query_lengths", query_lengths, B, M, "M", device)
+    tlen = _check_lengths("target_lengths", target_lengths, B, N, "N", device)
+    return gap, temperature, backend, qlen, tlen
+
+
 def _engine(backend: str):
     """The compiled engine of a backend, built on first use (see _build)."""
     if backend == "cpu":
@@ -116,14 +130,9 @@ def soft_smith_waterman(
         raise ValueError(f"score_matrix must be 3-D (B, M, N), got shape {tuple(score_matrix.shape)}")
     if not score_matrix.dtype.is_floating_point:
         raise ValueError(f"score_matrix must be floating point, got dtype {score_matrix.dtype}")
-    gap = _check_number("gap", gap)
-    temperature = _check_number("temperature", temperature)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 is the exact hard maximum), got {temperature}")
-    backend = _resolve_backend(backend, score_matrix.device)
     B, M, N = score_matrix.shape
-    qlen = _check_lengths("query_lengths", query_lengths, B, M, "M", score_matrix.device)
-    tlen = _check_lengths("target_lengths", target_lengths, B, N, "N", score_matrix.device)
+    gap, temperature, backend, qlen, tlen = _check_arguments(
+        gap, temperature, backend, score_matrix.device, (B, M, N), query_lengths, target_lengths)
 
     S = score_matrix
     if S.dtype in (torch.float16, torch.bfloat16):
@@ -165,15 +174,10 @@ def soft_smith_waterman_codes(
     for name, codes in (("query_codes", query_codes), ("target_codes", target_codes)):
         if codes.numel() and int(codes.max()) >= K:
             raise ValueError(f"{name} holds code {int(codes.max())}, outside the {K} x {K} matrix")
-    gap = _check_number("gap", gap)
-    temperature = _check_number("temperature", temperature)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 is the exact hard maximum), got {temperature}")
-    backend = _resolve_backend(backend, query_codes.device)
     B, M = query_codes.shape
-    N = target_codes.shape[1]
-    qlen = _check_lengths("query_lengths", query_lengths, B, M, "M", query_codes.device)
-    tlen = _check_lengths("target_lengths", target_lengths, B, N, "N", query_codes.device)
+    gap, temperature, backend, qlen, tlen = _check_arguments(
+        gap, temperature, backend, query_codes.device, (B, M, target_codes.shape[1]), query_lengths,
+        target_lengths)
     if backend == "reference":
         S = matrix[query_codes.long()[:, :, None], target_codes.long()[:, None, :]]
         return soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
