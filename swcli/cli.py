@@ -87,10 +87,9 @@ def _pairs(queries: str, targets: Optional[str], all_vs_all: bool):
 
 def _settings(matrix: str, unknown_as: Optional[str], gap: float, temperature: float, backend: Backend,
               **extra):
+    from swcli.ops import prepare_backend
     from swcli.pipeline import Settings
     from swcli.scoring import load_matrix
-
-    from swcli.ops import prepare_backend
 
     substitution = load_matrix(matrix)
     if unknown_as is not None:
