@@ -73,8 +73,8 @@ def encode_chunk(chunk: list[tuple[FastaRecord, FastaRecord]], settings: Setting
 
 
 def score_batches(batches: list[Batch], count: int, settings: Settings, matrix: torch.Tensor,
-                  stats: Stats) -> list[float]:
-    """Scores of a chunk's batches, put back in the chunk's order."""
+                  stats: Stats, on_batch=None) -> list[float]:
+    """Scores of a chunk's batches, put back in the chunk's order; on_batch(batch) after each."""
     scores = [0.0] * count
     for batch in batches:
         started = time.perf_counter()
@@ -86,6 +86,8 @@ def score_batches(batches: list[Batch], count: int, settings: Settings, matrix: 
         stats.cells += batch.cells
         for position, value in zip(batch.positions, values):
             scores[position] = value
+        if on_batch is not None:
+            on_batch(batch)
     return scores
 
 

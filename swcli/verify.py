@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from swcli.fasta import FastaRecord
-from swcli.pipeline import Settings, Stats, score_chunk
+from swcli.errors import SwcliError
+from swcli.pipeline import Settings, Stats, encode_chunk, score_batches, score_chunk
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class Check:
 class Report:
     backend: str
     total_pairs: int
+    eligible_pairs: int  # those within the reference loop's cell limit
+    max_cells: int
     checks: list[Check]
 
     @property
@@ -52,39 +55,47 @@ class Report:
 
         verdict = "OK" if self.worst_relative <= tolerance else "FAILED"
         return "\n".join([
-            f"checked {len(self.checks)} of {self.total_pairs} pairs: backend {self.backend} against the "
-            "reference loop in float64",
+            f"checked {len(self.checks)} of {self.total_pairs} pairs ({self.eligible_pairs} within "
+            f"--max-cells {self.max_cells}): backend {self.backend} against the reference loop in float64",
             f"largest absolute difference {by_abs.absolute:.3g}: {name(by_abs)}",
             f"largest relative difference {by_rel.relative:.3g}: {name(by_rel)}",
             f"{verdict}: tolerance {tolerance:g} on |score - reference| / max(1, |reference|)",
         ])
 
 
-def sample_pairs(pairs: Iterable, k: int, seed: int) -> tuple[list[tuple[int, tuple]], int]:
-    """k pairs drawn uniformly in one pass (reservoir sampling), in input order, and the pair count."""
+def sample_pairs(pairs: Iterable, k: int, seed: int, max_cells: int | None = None):
+    """k pairs drawn uniformly in one pass (reservoir sampling) among those of at most max_cells cells,
+    in input order; and the count of all pairs and of those eligible."""
     rng = random.Random(seed)
     reservoir: list[tuple[int, tuple]] = []
-    total = 0
+    total = eligible = 0
     for total, pair in enumerate(pairs, 1):
+        if max_cells is not None and len(pair[0].sequence) * len(pair[1].sequence) > max_cells:
+            continue
+        eligible += 1
         if len(reservoir) < k:
             reservoir.append((total, pair))
-        elif (slot := rng.randrange(total)) < k:
+        elif (slot := rng.randrange(eligible)) < k:
             reservoir[slot] = (total, pair)
-    return sorted(reservoir, key=lambda item: item[0]), total
+    return sorted(reservoir, key=lambda item: item[0]), total, eligible
 
 
-def verify_pairs(pairs: Iterable, settings: Settings, sample: int, seed: int, progress) -> Report:
-    """Score a sample with settings.backend and with the reference; progress(total_cells) gives a bar."""
-    chosen, total = sample_pairs(pairs, sample, seed)
+def verify_pairs(pairs: Iterable, settings: Settings, sample: int, seed: int, max_cells: int,
+                 progress) -> Report:
+    """Score a sample with settings.backend and with the reference; progress(total) gives a bar over
+    the reference loop's steps (one per cell)."""
+    chosen, total, eligible = sample_pairs(pairs, sample, seed, max_cells)
+    if not chosen:
+        raise SwcliError(f"none of the {total} pairs has at most {max_cells} cells (qlen x tlen), the "
+                         "limit for the reference loop; raise --max-cells")
     chunk = [pair for _, pair in chosen]
     scores = score_chunk(chunk, settings, settings.matrix.tensor(device=settings.device), Stats())
-    reference = dataclasses.replace(settings, backend="reference", max_cells=1)  # one pair per batch
-    matrix64 = settings.matrix.tensor(dtype=torch.float64)
-    expected = []
-    cells = sum(len(q.sequence) * len(t.sequence) for q, t in chunk)
-    with progress(cells) as bar:
-        for pair in chunk:
-            expected += score_chunk([pair], reference, matrix64, Stats())
-            bar.update(len(pair[0].sequence) * len(pair[1].sequence))
+    # One pair per batch: the loop's cost is its padded M x N steps, and sampled sizes differ widely.
+    reference = dataclasses.replace(settings, backend="reference", max_cells=1)
+    batches = encode_chunk(chunk, reference)
+    steps = sum(b.query_codes.shape[1] * b.target_codes.shape[1] for b in batches)
+    with progress(steps) as bar:
+        expected = score_batches(batches, len(chunk), reference, settings.matrix.tensor(dtype=torch.float64),
+                                 Stats(), lambda b: bar.update(b.query_codes.shape[1] * b.target_codes.shape[1]))
     checks = [Check(number, q, t, s, r) for (number, (q, t)), s, r in zip(chosen, scores, expected)]
-    return Report(settings.backend, total, checks)
+    return Report(settings.backend, total, eligible, max_cells, checks)

@@ -4,34 +4,48 @@ from pathlib import Path
 
 import swcli.pipeline
 from swcli.cli import main
+from swcli.fasta import FastaRecord
 from swcli.verify import sample_pairs
 from testing import write_fasta
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "data" / "example.fasta")
 
 
+def fake_pairs(lengths):
+    return [(FastaRecord("x", k, f"q{k}", "A" * n), FastaRecord("x", k, f"t{k}", "A")) for k, n in
+            enumerate(lengths)]
+
+
 def test_sample_is_uniform_ordered_and_reproducible():
-    chosen, total = sample_pairs(iter(range(1000)), 10, seed=4)
+    pairs = fake_pairs([1] * 1000)
+    chosen, total, eligible = sample_pairs(iter(pairs), 10, seed=4)
     numbers = [n for n, _ in chosen]
-    assert total == 1000 and len(chosen) == 10 and numbers == sorted(numbers)
-    assert [pair for _, pair in chosen] == [n - 1 for n in numbers]
-    assert sample_pairs(iter(range(1000)), 10, seed=4) == (chosen, total)
-    assert sample_pairs(iter(range(1000)), 10, seed=5) != (chosen, total)
-    everything, total = sample_pairs(iter(range(3)), 10, seed=0)
+    assert total == eligible == 1000 and len(chosen) == 10 and numbers == sorted(numbers)
+    assert [pair for _, pair in chosen] == [pairs[n - 1] for n in numbers]
+    assert sample_pairs(iter(pairs), 10, seed=4) == (chosen, total, eligible)
+    assert sample_pairs(iter(pairs), 10, seed=5) != (chosen, total, eligible)
+    everything, total, _ = sample_pairs(iter(pairs[:3]), 10, seed=0)
     assert [n for n, _ in everything] == [1, 2, 3] and total == 3
     # Uniform: over many seeds, early and late pairs are drawn alike.
     counts = [0, 0]
     for seed in range(300):
-        for n, _ in sample_pairs(iter(range(100)), 5, seed)[0]:
+        for n, _ in sample_pairs(iter(pairs[:100]), 5, seed)[0]:
             counts[n > 50] += 1
     assert abs(counts[0] - counts[1]) < 0.15 * sum(counts)
+
+
+def test_sample_skips_pairs_over_the_cell_limit():
+    pairs = fake_pairs([5, 50, 7, 500, 9])
+    chosen, total, eligible = sample_pairs(iter(pairs), 10, seed=0, max_cells=10)
+    assert [n for n, _ in chosen] == [1, 3, 5] and total == 5 and eligible == 3
 
 
 def test_verify_passes_on_the_cpu_engine(capsys):
     code = main(["verify", EXAMPLE, "--sample", "3", "--quiet", "-t", "1"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "checked 3 of 20 pairs: backend cpu" in out and "OK: tolerance 0.0001" in out
+    assert "checked 3 of 20 pairs (20 within --max-cells 250000): backend cpu" in out
+    assert "OK: tolerance 0.0001" in out
     assert "largest absolute difference" in out and "largest relative difference" in out
 
 
@@ -49,3 +63,9 @@ def test_verify_fails_when_the_backend_is_off(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert code == 1 and "FAILED" in out and "pair 1 (a vs b" in out
     assert main(["verify", path, "--quiet", "-t", "0", "--tolerance", "0.1"]) == 0
+
+
+def test_verify_refuses_when_no_pair_fits_the_limit(tmp_path, capsys):
+    path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAW"), ("b", "MKVIAW")])
+    assert main(["verify", path, "--quiet", "--max-cells", "10"]) == 1
+    assert "none of the 1 pairs has at most 10 cells" in capsys.readouterr().err
