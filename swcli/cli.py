@@ -192,6 +192,9 @@ def bench(
     run_benchmarks(_resolve_backend(backend), fasta, pairs, repeats, json)
 
 
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
+
+
 def _error_types():
     """click's exception classes as typer exposes them (typer vendors click in recent versions)."""
     by_name = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
@@ -210,6 +213,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         code = app(args=argv, prog_name="swcli", standalone_mode=False)
+        if code == INTERRUPTED:  # typer turns KeyboardInterrupt into a silent exit code 130
+            print("swcli: interrupted", file=sys.stderr)
         return code if isinstance(code, int) else 0
     except usage_error as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
@@ -220,7 +225,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
         print("swcli: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except (SwcliError, BuildError, NotImplementedError) as exc:
         print(f"swcli: error: {exc}", file=sys.stderr)
         return 1

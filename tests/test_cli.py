@@ -223,3 +223,25 @@ def test_engine_build_failure_is_one_line_before_any_output(tmp_path, capsys, mo
     code, out, err = run(["align", path, "--backend", "cpu"], capsys)
     assert code == 1 and out == ""
     assert err == "swcli: error: no C++ compiler found (looked for 'c++'; set CXX or install g++)\n"
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_interrupted_run_leaves_no_file(tmp_path, signal_name):
+    import signal
+    import time
+
+    path = write_fasta(tmp_path / "x.fa", [(f"r{k}", "MKVLAWYPGHE" * 40) for k in range(40000)])
+    out_path = tmp_path / "out" / "result.tsv"
+    out_path.parent.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "swcli", "align", path, "-o", str(out_path),
+                             "--chunk-size", "256"], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out_path.parent.iterdir()) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)  # wait until the output is being written
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(getattr(signal, signal_name))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "swcli: interrupted" in err and "Traceback" not in err
+    assert list(out_path.parent.iterdir()) == []
