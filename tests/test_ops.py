@@ -764,3 +764,11 @@ class TestCudaBackend:
         ssw(S, -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda").sum().backward()
         _, expected = reference_gradient(S, -1.0, t, qlen, tlen, torch.ones(B))
         torch.testing.assert_close(S.grad.cpu(), expected, rtol=0, atol=1e-9)
+
+
+def test_cuda_engine_absence_is_an_error_not_a_fallback():
+    import swcli.ops as ops
+
+    assert not ops.CUDA_ENGINE_AVAILABLE
+    with pytest.raises(NotImplementedError, match="CUDA engine is not part of this version"):
+        ops._engine("cuda")
