@@ -129,6 +129,7 @@ def align(
     from swcli.pipeline import Stats, align as align_pairs
 
     settings = _settings(matrix, unknown_as, gap, temperature, backend, chunk_size=chunk_size)
+    pairs = _pairs(queries, targets, all_vs_all)
     stats = Stats()
     try:
         with _progress_bar(quiet, "pair") as bar, TsvWriter(output, header) as writer:
@@ -136,7 +137,7 @@ def align(
                 bar.update(s.pairs - bar.n)
                 bar.set_postfix_str(f"{s.cells / max(s.seconds, 1e-9) / 1e9:.2f} GCUPS", refresh=False)
 
-            for result in align_pairs(_pairs(queries, targets, all_vs_all), settings, stats, on_chunk):
+            for result in align_pairs(pairs, settings, stats, on_chunk):
                 q, t = result.query, result.target
                 writer.write(q.id, t.id, len(q.sequence), len(t.sequence), result.score)
     except BrokenPipeError:

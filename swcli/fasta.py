@@ -16,6 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# Imported here, not when the first record is read: importing Bio.SeqIO takes a while, and a Ctrl-C
+# that lands inside it can be swallowed by an `except ImportError` deep in the standard library.
+from Bio.SeqIO.FastaIO import SimpleFastaParser
+
 from swcli.errors import FastaError, PairingError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -79,8 +83,6 @@ def read_fasta(path: str) -> Iterator[FastaRecord]:
                     f"{name}: line {line_number}: expected a FASTA header starting with '>', "
                     f"found {line.strip()[:30]!r}{hint}"
                 )
-            from Bio.SeqIO.FastaIO import SimpleFastaParser
-
             for number, (title, sequence) in enumerate(SimpleFastaParser(itertools.chain([line], lines)), 1):
                 words = title.split(None, 1)
                 if not words:
