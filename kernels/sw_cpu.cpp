@@ -177,9 +177,7 @@ struct DenseSource {
   const int64_t* tlen;
   std::vector<T> rows;
 
-  void prepare(int64_t cols) {
-    if (static_cast<int64_t>(rows.size()) < (cols + 1) * W) rows.resize((cols + 1) * W);
-  }
+  void prepare(int64_t cols) { rows.resize((cols + 1) * W); }
   void start_pair(int, int64_t) {}
   void begin_row(int l, int64_t pair, int64_t i) {
     const T* src = S + pair * sB + i * sM;
@@ -208,9 +206,7 @@ struct CodeSource {
   std::vector<uint8_t> codes;  // target codes, [j][lane]
   I row_offset[kPacks] = {};   // query code * K of each lane's current row
 
-  void prepare(int64_t cols) {
-    if (static_cast<int64_t>(codes.size()) < (cols + 1) * W) codes.resize((cols + 1) * W);  // zeros: valid
-  }
+  void prepare(int64_t cols) { codes.resize((cols + 1) * W); }  // zeros: valid codes
   void start_pair(int l, int64_t pair) {
     const uint8_t* src = target + pair * N;
     for (int64_t j = 0; j < tlen[pair]; ++j) codes[(j + 1) * W + l] = src[j];

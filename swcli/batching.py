@@ -39,11 +39,12 @@ def chunked(items: Iterable, size: int) -> Iterator[list]:
 
 def pad_codes(codes: list[bytes], device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(b, longest) uint8 codes padded with 0, and the (b,) lengths: one memcpy-like slice per pair."""
-    width = max(map(len, codes), default=0)
+    sizes = [len(c) for c in codes]
+    width = max(sizes, default=0)
     padded = bytearray(len(codes) * width)
-    for row, c in enumerate(codes):
-        padded[row * width: row * width + len(c)] = c
-    lengths = torch.tensor([len(c) for c in codes], dtype=torch.int64)
+    for row, (c, size) in enumerate(zip(codes, sizes)):
+        padded[row * width: row * width + size] = c
+    lengths = torch.tensor(sizes, dtype=torch.int64)
     table = torch.frombuffer(padded, dtype=torch.uint8) if padded else torch.zeros(0, dtype=torch.uint8)
     return table.view(len(codes), width).to(device), lengths.to(device)
 

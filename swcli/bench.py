@@ -117,8 +117,8 @@ def end_to_end_rows(backend: str, records: list[FastaRecord], count: int) -> lis
             settings = Settings(load_matrix("BLOSUM62"), -4.0, temperature, backend)
             stats = Stats()
             with TsvWriter(str(Path(folder) / "out.tsv")) as writer:
-                for r in align(pairs_in_one_file(str(fasta)), settings, stats):
-                    writer.write(r.query.id, r.target.id, len(r.query.sequence), len(r.target.sequence), r.score)
+                for result in align(pairs_in_one_file(str(fasta)), settings, stats):
+                    writer.write(*result.row())
             total = stats.seconds
             outside = 1 - stats.kernel_seconds / total
             rows.append(Row(f"end-to-end ({count} pairs)", backend, temperature, count, stats.cells, total,

@@ -138,8 +138,7 @@ def align(
                 bar.set_postfix_str(f"{s.cells / max(s.seconds, 1e-9) / 1e9:.2f} GCUPS", refresh=False)
 
             for result in align_pairs(pairs, settings, stats, on_chunk):
-                q, t = result.query, result.target
-                writer.write(q.id, t.id, len(q.sequence), len(t.sequence), result.score)
+                writer.write(*result.row())
     except BrokenPipeError:
         # The reader went away (swcli align ... | head): stop quietly, with the shell's SIGPIPE status.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -63,6 +63,10 @@ class Alignment:
     target: FastaRecord
     score: float
 
+    def row(self) -> tuple[str, str, int, int, float]:
+        """The TSV fields: query, target, qlen, tlen, score."""
+        return self.query.id, self.target.id, len(self.query.sequence), len(self.target.sequence), self.score
+
 
 def encode_chunk(chunk: list[tuple[FastaRecord, FastaRecord]], settings: Settings) -> list[Batch]:
     """Codes of a chunk's pairs, in length-sorted padded batches on the compute device."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from swcli.fasta import FastaRecord
 from swcli.errors import SwcliError
+from swcli.fasta import FastaRecord
 from swcli.pipeline import Settings, Stats, encode_chunk, score_batches, score_chunk
 
 
@@ -93,9 +93,8 @@ def verify_pairs(pairs: Iterable, settings: Settings, sample: int, seed: int, ma
     # One pair per batch: the loop's cost is its padded M x N steps, and sampled sizes differ widely.
     reference = dataclasses.replace(settings, backend="reference", max_cells=1)
     batches = encode_chunk(chunk, reference)
-    steps = sum(b.query_codes.shape[1] * b.target_codes.shape[1] for b in batches)
-    with progress(steps) as bar:
+    with progress(sum(b.cells for b in batches)) as bar:  # one pair per batch: no padded steps
         expected = score_batches(batches, len(chunk), reference, settings.matrix.tensor(dtype=torch.float64),
-                                 Stats(), lambda b: bar.update(b.query_codes.shape[1] * b.target_codes.shape[1]))
+                                 Stats(), lambda b: bar.update(b.cells))
     checks = [Check(number, q, t, s, r) for (number, (q, t)), s, r in zip(chosen, scores, expected)]
     return Report(settings.backend, total, eligible, max_cells, checks)
