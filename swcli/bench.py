@@ -1,7 +1,8 @@
 """The benchmark harness behind `swcli bench`: kernel times, throughput (GCUPS) and the end-to-end rate.
 
 GCUPS = real cells (sum of qlen * tlen) per second / 1e9. CPU times are host-clock medians (the CPU
-engine is synchronous); CUDA times, once there is a CUDA engine, must come from CUDA events.
+engine is synchronous); CUDA times are medians of CUDA-event intervals around each call, after warm-up,
+or of CUDA graph replays.
 """
 
 from __future__ import annotations
@@ -126,6 +127,124 @@ def end_to_end_rows(backend: str, records: list[FastaRecord], count: int) -> lis
     return rows
 
 
+# --------------------------------------------------------------------------------------------------
+# CUDA: every time from CUDA events around the call, median of `calls` calls after warm-up
+
+NAIVE_SEED_MICROSECONDS = 113.0  # GUIDE section 3: one thread per pair, on an H200 (not re-measured here)
+
+
+def cuda_seconds(run, calls: int, warmup: int = 10) -> float:
+    """Median over `calls` of the CUDA-event interval around one run(), after `warmup` runs."""
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    marks = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        marks.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in marks) / 1e3
+
+
+def graph_seconds(run, calls_per_graph: int, replays: int) -> float:
+    """Median time per call when `calls_per_graph` calls are captured in one CUDA graph and replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            run()
+    return cuda_seconds(graph.replay, replays, warmup=3) / calls_per_graph
+
+
+def cuda_seed_rows(calls: int) -> list[Row]:
+    from swcli._build import cuda_engine
+
+    engine = cuda_engine()
+    S = torch.randn(*SEED_SHAPE, device="cuda")
+    cells = SEED_SHAPE[0] * SEED_SHAPE[1] * SEED_SHAPE[2]
+    op = cuda_seconds(lambda: ops.soft_smith_waterman(S, -1.0, 1.0), calls)
+    empty = cuda_seconds(lambda: engine.empty_launch(S), calls)
+    graph = graph_seconds(lambda: ops.soft_smith_waterman(S, -1.0, 1.0), 100, calls)
+    reference = cuda_seconds(lambda: soft_smith_waterman_reference(S, -1.0, 1.0), 3, warmup=1)
+    workload = "seed B=16 32x32"
+    return [
+        Row(workload, "cuda", 1.0, 16, cells, op,
+            f"{op / empty:.2f}x the empty launch; {reference / op:,.0f}x the reference loop; "
+            f"{NAIVE_SEED_MICROSECONDS * 1e-6 / op:.1f}x the naive kernel (GUIDE: 113 us)"),
+        Row(workload, "empty", 1.0, 16, cells, empty, "empty kernel through the same binding"),
+        Row(workload, "graph", 1.0, 16, cells, graph, "per call, 100 calls per CUDA graph, replayed"),
+        Row(workload, "reference", 1.0, 16, cells, reference, "the Python loop on the GPU"),
+    ]
+
+
+def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]:
+    S = torch.randn(batch, size, size, device="cuda")
+    cells = batch * size * size
+    rows = []
+    for t in (1.0, 0.0):
+        forward = cuda_seconds(lambda: ops.soft_smith_waterman(S, -1.0, t), calls)
+        rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", t, batch, cells, forward, "fp32 S, forward"))
+    grad_S = S.clone().requires_grad_()
+    ones = torch.ones(batch, device="cuda")
+
+    def forward_backward():
+        grad_S.grad = None
+        ops.soft_smith_waterman(grad_S, -1.0, 1.0).backward(ones)
+
+    few = max(calls // 10, 10)
+    both = cuda_seconds(forward_backward, few, warmup=3)
+    rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, both,
+                    f"forward + backward: {both / rows[0].seconds:.2f}x the forward alone"))
+    # the two halves, straight through the engine (no autograd, no gradient allocation by autograd)
+    from swcli._build import cuda_engine
+
+    engine = cuda_engine()
+    keeping = cuda_seconds(lambda: engine.forward(S, None, None, -1.0, 1.0, True, 0), few, warmup=3)
+    _, table, best_at = engine.forward(S, None, None, -1.0, 1.0, True, 0)
+    backward = cuda_seconds(lambda: engine.backward(ones, S, table, best_at, None, None, -1.0, 1.0, 0), few,
+                            warmup=3)
+    rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, keeping,
+                    "forward that keeps the DP table (engine call)"))
+    rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, backward,
+                    "backward alone (engine call)"))
+    return rows
+
+
+def cuda_real_rows(records: list[FastaRecord], calls: int, count: int = 10_000) -> list[Row]:
+    """Real-length pairs through the code lookup: one padded, length-sorted batch of `count` pairs."""
+    from swcli.batching import make_batches
+
+    matrix = load_matrix("BLOSUM62")
+    pairs = random_pairs(records, count)
+    q = [matrix.encode(a.sequence, a.where) for a, _ in pairs]
+    t = [matrix.encode(b.sequence, b.where) for _, b in pairs]
+    (batch,) = make_batches(q, t, max_cells=1 << 62, device="cuda")
+    table = matrix.tensor(device="cuda")
+    rows = []
+    for temperature in (1.0, 0.0):
+        def run():
+            ops.soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, temperature,
+                                          batch.query_lengths, batch.target_lengths, "cuda")
+
+        rows.append(Row(f"real pairs ({count})", "cuda", temperature, count, batch.cells,
+                        cuda_seconds(run, calls), "BLOSUM62, gap -4, codes + matrix in shared memory"))
+    return rows
+
+
+def gpu() -> str:
+    props = torch.cuda.get_device_properties(0)
+    return (f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB, "
+            f"CUDA {torch.version.cuda}")
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -141,13 +260,20 @@ def run_benchmarks(backend: str, fasta: str | None, pairs: int, repeats: int, as
     if backend == "reference":
         raise SwcliError("bench times an engine against the reference loop: choose --backend cpu or auto")
     records = list(read_fasta(fasta or str(packaged_file("data", "example.fasta"))))
-    rows = seed_rows(backend, repeats) + dense_rows(backend, repeats) + real_rows(backend, records, repeats)
+    if backend == "cuda":
+        calls = max(repeats, 200)  # CUDA events are cheap: the median of many calls
+        rows = cuda_seed_rows(calls) + cuda_dense_rows(calls) + cuda_real_rows(records, calls)
+        where = f"{machine()}; GPU: {gpu()}"
+    else:
+        rows = seed_rows(backend, repeats) + dense_rows(backend, repeats) + real_rows(backend, records, repeats)
+        where = machine()
     if pairs:
         rows += end_to_end_rows(backend, records, pairs)
     if as_json:
-        print(json.dumps({"machine": machine(), "rows": [r.record() for r in rows]}, indent=2))
+        print(json.dumps({"machine": where, "date": time.strftime("%Y-%m-%d"),
+                          "rows": [r.record() for r in rows]}, indent=2))
         return
-    print(f"machine: {machine()}")
+    print(f"machine: {where}")
     print(f"| {'workload':<26} | {'backend':<9} | {'t':>3} | {'time':>12} | {'GCUPS':>7} | note")
     print(f"|{'-' * 28}|{'-' * 11}|{'-' * 5}|{'-' * 14}|{'-' * 9}|------")
     for r in rows:

@@ -52,7 +52,7 @@ GapOpt = Annotated[float, typer.Option(
 TemperatureOpt = Annotated[float, typer.Option(
     "--temperature", "-t", min=0.0, help="Softness of the max; 0 is exact (hard) Smith-Waterman.")]
 BackendOpt = Annotated[Backend, typer.Option(
-    "--backend", help="auto: the GPU when there is one and swcli has an engine for it, else the CPU. "
+    "--backend", help="auto: the GPU when torch sees one, else the CPU. "
                       "reference: the Python loop (slow; for validation).")]
 UnknownOpt = Annotated[Optional[str], typer.Option(
     "--unknown-as", help="Score letters the matrix lacks as this letter (e.g. X) instead of failing.",
@@ -61,13 +61,11 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar."
 
 
 def _resolve_backend(backend: Backend) -> str:
-    """The CLI's auto: CUDA when a GPU and a CUDA engine are both there, else the CPU engine."""
+    """The CLI's auto: CUDA when torch sees a GPU, else the CPU engine."""
     import torch
 
-    from swcli import ops
-
     if backend is Backend.auto:
-        return "cuda" if torch.cuda.is_available() and ops.CUDA_ENGINE_AVAILABLE else "cpu"
+        return "cuda" if torch.cuda.is_available() else "cpu"
     if backend is Backend.cuda and not torch.cuda.is_available():
         raise SwcliError("--backend cuda: no CUDA device is available (torch.cuda.is_available() is False)")
     return backend.value
@@ -226,6 +224,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         print("swcli: interrupted", file=sys.stderr)
         return INTERRUPTED
-    except (SwcliError, BuildError, NotImplementedError) as exc:
+    except (SwcliError, BuildError) as exc:
         print(f"swcli: error: {exc}", file=sys.stderr)
         return 1

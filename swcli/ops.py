@@ -18,19 +18,20 @@ from swcli import _build
 from swcli.reference import soft_smith_waterman_reference
 
 BACKENDS = ("auto", "cuda", "cpu", "reference")
-CUDA_ENGINE_AVAILABLE = False  # no CUDA kernel in this version: backend='cuda' raises, never falls back
 
 
 def _check_number(name: str, value) -> float:
+    if type(value) is float and math.isfinite(value):  # the common case, checked fast
+        return value
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
-def _check_lengths(name: str, lengths, size: int, limit: int, dim: str, device) -> torch.Tensor:
-    """(B,) int64 lengths on `device`, each in [0, limit]; None means `limit` for every pair."""
+def _check_lengths(name: str, lengths, size: int, limit: int, dim: str, device) -> torch.Tensor | None:
+    """(B,) int64 lengths on `device`, each in [0, limit]; None (every pair full) stays None."""
     if lengths is None:
-        return torch.full((size,), limit, dtype=torch.int64, device=device)
+        return None
     lengths = torch.as_tensor(lengths)
     if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
         raise ValueError(f"{name} must hold integers, got dtype {lengths.dtype}")
@@ -72,12 +73,30 @@ def _check_arguments(gap, temperature, backend: str, device, shape: tuple[int, i
 
 def _engine(backend: str):
     """The compiled engine of a backend, built on first use (see _build)."""
+    return _build.cpu_engine() if backend == "cpu" else _build.cuda_engine()
+
+
+def _full(lengths: torch.Tensor | None, size: int, limit: int) -> torch.Tensor:
+    """The CPU engine takes explicit lengths: None becomes `limit` for every pair."""
+    return torch.full((size,), limit, dtype=torch.int64) if lengths is None else lengths
+
+
+def _forward(backend: str, S: torch.Tensor, qlen, tlen, gap: float, temperature: float, keep: bool):
+    """(scores, what the backward needs) from a compiled engine: the DP table H, and on CUDA the
+    position of the best cell, which the CPU engine finds again in its backward."""
     if backend == "cpu":
-        return _build.cpu_engine()
-    raise NotImplementedError(
-        "the CUDA engine is not part of this version of swcli; use backend='reference' on the GPU "
-        "or move the score matrix to the CPU"
-    )
+        B, M, N = S.shape
+        scores, dp = _engine("cpu").forward(S, _full(qlen, B, M), _full(tlen, B, N), gap, temperature, keep)
+        return scores, (dp,)
+    scores, table, best_at = _engine("cuda").forward(S, qlen, tlen, gap, temperature, keep, 0)
+    return scores, (table, best_at)
+
+
+def _backward(backend: str, grad, S, state, qlen, tlen, gap: float, temperature: float) -> torch.Tensor:
+    if backend == "cpu":
+        B, M, N = S.shape
+        return _engine("cpu").backward(grad, S, *state, _full(qlen, B, M), _full(tlen, B, N), gap, temperature)
+    return _engine("cuda").backward(grad, S, *state, qlen, tlen, gap, temperature, 0)
 
 
 def prepare_backend(backend: str) -> None:
@@ -88,25 +107,23 @@ def prepare_backend(backend: str) -> None:
 
 
 class _SoftSmithWatermanFunction(torch.autograd.Function):
-    """Compiled forward; backward is a reverse sweep over the DP table kept from the forward."""
+    """Compiled forward that keeps the DP table (one value per cell); backward is a reverse sweep over
+    it with the softmax (t > 0) or argmax (t = 0) weights of every cell."""
 
     @staticmethod
-    def forward(ctx, S, query_lengths, target_lengths, gap, temperature, backend, keep_dp_table):
-        engine = _engine(backend)
-        scores, dp = engine.forward(S, query_lengths, target_lengths, gap, temperature, keep_dp_table)
-        if keep_dp_table:
-            ctx.save_for_backward(S, dp, query_lengths, target_lengths)
+    def forward(ctx, S, query_lengths, target_lengths, gap, temperature, backend):
+        scores, state = _forward(backend, S, query_lengths, target_lengths, gap, temperature, True)
+        ctx.save_for_backward(S, query_lengths, target_lengths, *state)
         ctx.gap, ctx.temperature, ctx.backend = gap, temperature, backend
         return scores
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_scores):
-        S, dp, query_lengths, target_lengths = ctx.saved_tensors
-        grad_S = _engine(ctx.backend).backward(
-            grad_scores, S, dp, query_lengths, target_lengths, ctx.gap, ctx.temperature
-        )
-        return grad_S, None, None, None, None, None, None
+        S, query_lengths, target_lengths, *state = ctx.saved_tensors
+        grad_S = _backward(ctx.backend, grad_scores, S, state, query_lengths, target_lengths, ctx.gap,
+                           ctx.temperature)
+        return grad_S, None, None, None, None, None
 
 
 def soft_smith_waterman(
@@ -139,10 +156,11 @@ def soft_smith_waterman(
         S = S.float()
     if backend == "reference":
         scores = soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
-    else:
-        keep_dp_table = torch.is_grad_enabled() and S.requires_grad  # the backward needs H
-        scores = _SoftSmithWatermanFunction.apply(S, qlen, tlen, gap, temperature, backend, keep_dp_table)
-    return scores.to(score_matrix.dtype)
+    elif torch.is_grad_enabled() and S.requires_grad:
+        scores = _SoftSmithWatermanFunction.apply(S, qlen, tlen, gap, temperature, backend)
+    else:  # no gradient: no DP table, and none of autograd's overhead (it counts at small sizes)
+        scores, _ = _forward(backend, S, qlen, tlen, gap, temperature, False)
+    return scores if scores.dtype == score_matrix.dtype else scores.to(score_matrix.dtype)
 
 
 def soft_smith_waterman_codes(
@@ -178,10 +196,16 @@ def soft_smith_waterman_codes(
     gap, temperature, backend, qlen, tlen = _check_arguments(
         gap, temperature, backend, query_codes.device, (B, M, target_codes.shape[1]), query_lengths,
         target_lengths)
+    if target_codes.device != query_codes.device:
+        raise ValueError(f"query_codes and target_codes are on {query_codes.device} and {target_codes.device}")
+    matrix = matrix.to(query_codes.device)
     if backend == "reference":
         S = matrix[query_codes.long()[:, :, None], target_codes.long()[:, None, :]]
         return soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
-    return _engine(backend).forward_codes(query_codes, target_codes, qlen, tlen, matrix, gap, temperature)
+    if backend == "cpu":
+        return _engine("cpu").forward_codes(query_codes, target_codes, _full(qlen, B, M),
+                                            _full(tlen, B, target_codes.shape[1]), matrix, gap, temperature)
+    return _engine("cuda").forward_codes(query_codes, target_codes, qlen, tlen, matrix, gap, temperature, 0)
 
 
 class SoftSmithWaterman(nn.Module):

@@ -80,13 +80,22 @@ def score_batches(batches: list[Batch], count: int, settings: Settings, matrix: 
                   stats: Stats, on_batch=None) -> list[float]:
     """Scores of a chunk's batches, put back in the chunk's order; on_batch(batch) after each."""
     scores = [0.0] * count
+    on_gpu = settings.backend == "cuda"
     for batch in batches:
-        started = time.perf_counter()
+        if on_gpu:  # device time from CUDA events: the host clock would also count launch and copy waits
+            started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            started.record()
+        else:
+            started = time.perf_counter()
         values = soft_smith_waterman_codes(
             batch.query_codes, batch.target_codes, matrix, settings.gap, settings.temperature,
             batch.query_lengths, batch.target_lengths, settings.backend,
-        ).tolist()  # .tolist() waits for the device, so the host clock covers the kernel
-        stats.kernel_seconds += time.perf_counter() - started
+        )
+        if on_gpu:
+            finished.record()
+        values = values.tolist()  # waits for the device
+        stats.kernel_seconds += (started.elapsed_time(finished) / 1e3 if on_gpu
+                                 else time.perf_counter() - started)
         stats.cells += batch.cells
         for position, value in zip(batch.positions, values):
             scores[position] = value

@@ -462,6 +462,23 @@ def test_gradient_entries_in_unit_interval(t, dtype, device):
 
 
 @parametrize_device
+@pytest.mark.parametrize("t", [0.0, 1.0])
+def test_gradient_goes_to_the_first_of_tied_best_cells(t, device):
+    # With gap -1000 every gap term underflows, so H[i][j] = t log(1 + exp(H[i-1][j-1] + S) / t) and two
+    # lone 5s give two bit-identical best cells, at (1, 3) and (3, 1) (1-based H indices). torch.max in
+    # the reference takes the first in row-major order, (1, 3): the gradient must all go there.
+    S = torch.full((1, 3, 3), -1000.0, dtype=torch.float64, device=device)
+    S[0, 0, 2] = S[0, 2, 0] = 5.0
+    S.requires_grad_()
+    run(S, -1000.0, t).sum().backward()
+    expected = torch.zeros(1, 3, 3, dtype=torch.float64)
+    expected[0, 0, 2] = 1.0 if t == 0 else 1.0 / (1.0 + math.exp(-5.0))
+    _, through_reference = reference_gradient(S, -1000.0, t, None, None, torch.ones(1))
+    torch.testing.assert_close(through_reference, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(S.grad.cpu(), expected, rtol=0, atol=1e-12)
+
+
+@parametrize_device
 def test_gradient_of_empty_batches(device):
     for shape in [(0, 3, 4), (2, 0, 3), (2, 3, 0)]:
         S = torch.zeros(shape, dtype=torch.float64, device=device, requires_grad=True)
@@ -765,10 +782,137 @@ class TestCudaBackend:
         _, expected = reference_gradient(S, -1.0, t, qlen, tlen, torch.ones(B))
         torch.testing.assert_close(S.grad.cpu(), expected, rtol=0, atol=1e-9)
 
+    # -- no length cap: one warp per pair walks any number of column tiles and rows
 
-def test_cuda_engine_absence_is_an_error_not_a_fallback():
-    import swcli.ops as ops
+    @pytest.mark.parametrize("t", [0.0, 1.0])
+    @pytest.mark.parametrize("shape", [(1, 20_000), (20_000, 1), (3, 9_000)], ids=["1x20000", "20000x1", "3x9000"])
+    def test_thin_long_pairs(self, shape, t):
+        S = random_scores((2, *shape), seed=9500, dtype=torch.float32, device=self.device)
+        assert_close_to_reference(ssw(S, -1.0, t, backend="cuda"), S, -1.0, t)
 
-    assert not ops.CUDA_ENGINE_AVAILABLE
-    with pytest.raises(NotImplementedError, match="CUDA engine is not part of this version"):
+    def test_5000_by_5000(self):
+        pairs = related_protein_pairs(seed=9510, count=1, min_length=5000, max_length=5000, mutation_rate=0.2)
+        query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
+        S = table.float()[query.long()[:, :, None], target.long()[:, None, :]]
+        hard = ssw(S, -4.0, 0.0, backend="cuda")
+        assert hard.item() == biopython_score(*pairs[0], -4.0)
+        soft = ssw(S, -4.0, 1.0, backend="cuda").item()
+        exact = ssw(S.double().cpu(), -4.0, 1.0, backend="cpu").item()
+        single = ssw(S.cpu(), -4.0, 1.0, backend="cpu").item()
+        # The score is about 2e4, built over 1e4 steps: float32 drifts by ~1e-5 relative (the reference
+        # loop is too slow to run here, so the float32 CPU engine stands in for its own error).
+        bound = max(2 * abs(single - exact), 1e-5 * abs(exact))
+        assert abs(soft - exact) <= bound, (soft, exact, single)
+        assert soft >= hard.item()
+
+    def test_35000_by_35000(self):
+        pairs = related_protein_pairs(seed=9520, count=1, min_length=35_000, max_length=35_000,
+                                      mutation_rate=0.1)
+        query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
+        expected = biopython_score(*pairs[0], -4.0)
+        codes = soft_smith_waterman_codes(query, target, table, -4.0, 0.0, backend="cuda")
+        assert codes.item() == expected
+        S = table.float()[query.long()[:, :, None], target.long()[:, None, :]]  # 4.9 GB
+        assert ssw(S, -4.0, 0.0, backend="cuda").item() == expected
+
+    # -- same numbers as the CPU engine, on every path of the kernel (1 or 4 columns per lane)
+
+    @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+    @pytest.mark.parametrize("t", [0.0, 1.0])
+    @pytest.mark.parametrize("B", [5, 1100], ids=["1-column-lanes", "4-column-lanes"])
+    def test_equals_cpu_engine(self, B, t, dtype):
+        M, N = 37, 300  # several column tiles either way
+        S = random_scores((B, M, N), seed=9600 + B, dtype=dtype)
+        qlen, tlen = random_lengths(B, M, seed=9601), random_lengths(B, N, seed=9602)
+        cpu = ssw(S, -1.0, t, qlen, tlen, backend="cpu")
+        gpu = ssw(S.cuda(), -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
+        atol = 1e-9 if dtype == torch.float64 else 1e-4
+        torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=atol)
+        if t == 0 and dtype == torch.float64:
+            assert torch.equal(gpu.cpu(), cpu)
+        # full pairs too (no lengths), with N not a multiple of 4 (unaligned rows)
+        S = random_scores((B, 9, 131), seed=9603, dtype=dtype)
+        torch.testing.assert_close(ssw(S.cuda(), -1.0, t, backend="cuda").cpu(), ssw(S, -1.0, t, backend="cpu"),
+                                   rtol=0, atol=atol)
+
+    @pytest.mark.parametrize("t", [0.0, 1.0])
+    @pytest.mark.parametrize("B", [5, 1100], ids=["1-column-lanes", "4-column-lanes"])
+    def test_codes_equal_dense_bit_for_bit(self, B, t):
+        pairs = random_protein_pairs(seed=9700 + B, count=B, min_length=1, max_length=200)
+        query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
+        S = table.float()[query.long()[:, :, None], target.long()[:, None, :]]
+        dense = ssw(S, -4.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
+        codes = soft_smith_waterman_codes(query, target, table, -4.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
+        assert torch.equal(dense, codes)
+        if t == 0:
+            assert codes[:20].tolist() == [biopython_score(q, tt, -4.0) for q, tt in pairs[:20]]
+
+    def test_deterministic(self):
+        S = random_scores((1200, 50, 170), seed=9800, dtype=torch.float32, device=self.device)
+        qlen = random_lengths(1200, 50, seed=9801).cuda()
+        first = ssw(S, -1.0, 1.0, qlen, random_lengths(1200, 170, seed=9802).cuda())
+        again = ssw(S, -1.0, 1.0, qlen, random_lengths(1200, 170, seed=9802).cuda())
+        assert torch.equal(first, again)
+
+    @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=dtype_id)
+    def test_half_inputs(self, half):
+        S = random_scores((7, 20, 30), seed=9900, dtype=torch.float32, device=self.device).to(half)
+        out = ssw(S, -1.0, 1.0, backend="cuda")
+        assert out.dtype == half and out.device.type == "cuda"
+        assert torch.equal(out, ssw(S.float(), -1.0, 1.0, backend="cuda").to(half))
+
+    def test_side_stream_and_graph_capture(self):
+        S = random_scores((16, 32, 32), seed=9950, dtype=torch.float32, device=self.device)
+        expected = ssw(S, -1.0, 1.0)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = ssw(S, -1.0, 1.0)
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(on_side, expected)
+        static = S.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            ssw(static, -1.0, 1.0)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            captured = ssw(static, -1.0, 1.0)
+        fresh = random_scores((16, 32, 32), seed=9951, dtype=torch.float32, device=self.device)
+        static.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, ssw(fresh, -1.0, 1.0))
+
+    # -- gradients
+
+    @pytest.mark.parametrize("t", [0.1, 1.0, 10.0])
+    @pytest.mark.parametrize("shape", [(16, 32, 32), (6, 40, 170), (3, 150, 60)], ids=lambda s: "x".join(map(str, s)))
+    def test_gradient_float32(self, shape, t):
+        B, M, N = shape
+        S = random_scores(shape, seed=9960, dtype=torch.float32, device=self.device).requires_grad_()
+        qlen, tlen = random_lengths(B, M, seed=9961, low=1), random_lengths(B, N, seed=9962, low=1)
+        qlen[0], tlen[0] = M, N
+        ssw(S, -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda").sum().backward()
+        _, expected = reference_gradient(S, -1.0, t, qlen, tlen, torch.ones(B))
+        torch.testing.assert_close(S.grad.cpu().double(), expected, rtol=0, atol=1e-4)
+        assert (S.grad.cpu()[window_mask(B, M, N, qlen, tlen)] == 0).all()
+
+    @pytest.mark.parametrize("t", [0.0, 1.0])
+    def test_gradient_4_column_lanes_equals_cpu(self, t):
+        B, M, N = 1100, 20, 300
+        S = random_scores((B, M, N), seed=9970).requires_grad_()
+        qlen, tlen = random_lengths(B, M, seed=9971), random_lengths(B, N, seed=9972)
+        weights = random_scores((B,), seed=9973)
+        (ssw(S, -1.0, t, qlen, tlen, backend="cpu") * weights).sum().backward()
+        G = S.detach().cuda().requires_grad_()
+        (ssw(G, -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda") * weights.cuda()).sum().backward()
+        torch.testing.assert_close(G.grad.cpu(), S.grad, rtol=0, atol=1e-9)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_cuda_engine_without_a_gpu_is_an_error_not_a_fallback():
+    from swcli import ops
+    from swcli._build import BuildError
+
+    with pytest.raises(BuildError, match="the CUDA engine needs a CUDA device, and torch sees none"):
         ops._engine("cuda")

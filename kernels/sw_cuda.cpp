@@ -1,0 +1,194 @@
+// Torch binding of the CUDA engine (kernels/sw_cuda.cu): checks, allocations, the current stream.
+// Launches go on c10::cuda::getCurrentCUDAStream(), so the op works on side streams and inside CUDA graph
+// capture; nothing here synchronises with the device.
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "sw_cuda.h"
+
+namespace {
+
+void check_cuda(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, "swcli CUDA engine: ", what, " failed: ", cudaGetErrorString(err));
+}
+
+int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&value, attribute, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
+// Columns per lane: 1 keeps the critical path short when there are too few pairs to fill the GPU
+// (the latency-bound small batches), 4 amortises each step's shuffle and loads at scale.
+int lane_columns_for(int64_t B, int64_t requested) {
+  if (requested == 1 || requested == 4) return int(requested);
+  TORCH_CHECK(requested == 0, "lane_columns must be 0 (automatic), 1 or 4, got ", requested);
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);  // the first device's: a hint
+  return B < int64_t(sms) * 8 ? 1 : 4;
+}
+
+struct Lengths {
+  at::Tensor qlen, tlen, order;  // undefined when the pair shape is full
+};
+
+// Lengths on the device (int64), and the longest-first order in which warps start the pairs.
+Lengths lengths_for(const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen,
+                    int64_t B, int64_t M, int64_t N, const at::Device& device, int64_t tile_columns) {
+  Lengths l;
+  if (!qlen.has_value() && !tlen.has_value()) return l;
+  for (const auto* x : {&qlen, &tlen})
+    if (x->has_value())
+      TORCH_CHECK((*x)->device() == device && (*x)->scalar_type() == at::kLong && (*x)->dim() == 1 &&
+                      (*x)->size(0) == B && (*x)->is_contiguous(),
+                  "lengths must be contiguous int64 tensors of shape (B,) on the scores' device");
+  const auto full = [&](int64_t n) { return at::full({B}, n, at::TensorOptions().dtype(at::kLong).device(device)); };
+  l.qlen = qlen.has_value() ? *qlen : full(M);
+  l.tlen = tlen.has_value() ? *tlen : full(N);
+  if (B > 1) {
+    const at::Tensor tiles = at::floor_divide(l.tlen + (tile_columns - 1), tile_columns);
+    l.order = at::argsort(l.qlen * tiles, /*stable=*/true, /*dim=*/0, /*descending=*/true);
+  }
+  return l;
+}
+
+Problem problem(int64_t B, int64_t M, int64_t N, const Lengths& l) {
+  return Problem{B, M, N, l.qlen.defined() ? l.qlen.data_ptr<int64_t>() : nullptr,
+                 l.tlen.defined() ? l.tlen.data_ptr<int64_t>() : nullptr,
+                 l.order.defined() ? l.order.data_ptr<int64_t>() : nullptr};
+}
+
+// The per-pair buffer that carries a tile's last column to the next tile; none when one tile is enough.
+at::Tensor boundary_for(int64_t B, int64_t M, int64_t N, int64_t tile_columns, const at::TensorOptions& o) {
+  return N > tile_columns ? at::empty({B, M}, o) : at::Tensor();
+}
+
+template <typename T>
+T* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+}  // namespace
+
+// (scores (B,), H (B, M, N) or None, best_at (B,) or None). S: float32 or float64 on a CUDA device.
+std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::Tensor>& qlen,
+                                        const c10::optional<at::Tensor>& tlen, double gap, double temperature,
+                                        bool keep_dp_table, int64_t lane_columns) {
+  TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
+  TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
+              "the CUDA engine takes float32 or float64, got ", S_in.scalar_type());
+  TORCH_CHECK(temperature >= 0, "temperature must be >= 0");
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const at::Tensor S = S_in.contiguous();
+  const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
+  const int R = lane_columns_for(B, lane_columns);
+  const int64_t tile = sw_cuda_tile_columns(R);
+  const Lengths l = lengths_for(qlen, tlen, B, M, N, S.device(), tile);
+  const Problem pr = problem(B, M, N, l);
+  at::Tensor scores = at::empty({B}, S.options());
+  at::Tensor table, best_at;
+  if (keep_dp_table) {
+    table = at::empty({B, M, N}, S.options());
+    best_at = at::empty({B}, S.options().dtype(at::kLong));
+  }
+  const at::Tensor boundary = boundary_for(B, M, N, tile, S.options());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (M == 0 || N == 0) {
+    scores.zero_();
+    if (keep_dp_table) best_at.fill_(-1);
+  } else if (S.scalar_type() == at::kFloat) {
+    check_cuda(sw_cuda_forward_f32(pr, S.data_ptr<float>(), scores.data_ptr<float>(), ptr_or_null<float>(table),
+                                   ptr_or_null<int64_t>(best_at), ptr_or_null<float>(boundary), gap, temperature,
+                                   R, stream),
+               "forward");
+  } else {
+    check_cuda(sw_cuda_forward_f64(pr, S.data_ptr<double>(), scores.data_ptr<double>(),
+                                   ptr_or_null<double>(table), ptr_or_null<int64_t>(best_at),
+                                   ptr_or_null<double>(boundary), gap, temperature, R, stream),
+               "forward");
+  }
+  return {scores, table, best_at};  // undefined tensors reach Python as None
+}
+
+// Scores (B,) float32 of uint8 code pairs (B, M), (B, N) in a K x K matrix, all on one CUDA device.
+at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in,
+                                 const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen,
+                                 const at::Tensor& matrix_in, double gap, double temperature, int64_t lane_columns) {
+  TORCH_CHECK(query_in.is_cuda() && target_in.is_cuda() && matrix_in.is_cuda(),
+              "the CUDA engine needs codes and matrix on a CUDA device");
+  TORCH_CHECK(query_in.dim() == 2 && target_in.dim() == 2 && query_in.size(0) == target_in.size(0) &&
+                  query_in.scalar_type() == at::kByte && target_in.scalar_type() == at::kByte,
+              "codes must be uint8 tensors of shapes (B, M) and (B, N)");
+  TORCH_CHECK(matrix_in.dim() == 2 && matrix_in.size(0) == matrix_in.size(1), "the matrix must be square");
+  const c10::cuda::CUDAGuard guard(query_in.device());
+  const int64_t K = matrix_in.size(0);
+  const int64_t smem_limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  TORCH_CHECK(K * K * int64_t(sizeof(float)) <= smem_limit, "a ", K, " x ", K,
+              " matrix does not fit in the GPU's shared memory (", smem_limit, " bytes per block)");
+  const at::Tensor query = query_in.contiguous(), target = target_in.contiguous();
+  const at::Tensor matrix = matrix_in.to(at::kFloat).contiguous();
+  const int64_t B = query.size(0), M = query.size(1), N = target.size(1);
+  const int R = lane_columns_for(B, lane_columns);
+  const int64_t tile = sw_cuda_tile_columns(R);
+  const Lengths l = lengths_for(qlen, tlen, B, M, N, query.device(), tile);
+  const Problem pr = problem(B, M, N, l);
+  at::Tensor scores = at::empty({B}, matrix.options());
+  const at::Tensor boundary = boundary_for(B, M, N, tile, matrix.options());
+  if (M == 0 || N == 0) return scores.zero_();
+  check_cuda(sw_cuda_forward_codes(pr, query.data_ptr<uint8_t>(), target.data_ptr<uint8_t>(),
+                                   matrix.data_ptr<float>(), int(K), scores.data_ptr<float>(),
+                                   ptr_or_null<float>(boundary), gap, temperature, R,
+                                   c10::cuda::getCurrentCUDAStream()),
+             "forward_codes");
+  return scores;
+}
+
+// d scores / d S (B, M, N) from the forward's table and best_at.
+at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& table,
+                            const at::Tensor& best_at, const c10::optional<at::Tensor>& qlen,
+                            const c10::optional<at::Tensor>& tlen, double gap, double temperature,
+                            int64_t lane_columns) {
+  TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const at::Tensor S = S_in.contiguous();
+  const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
+  TORCH_CHECK(table.sizes() == S.sizes() && table.scalar_type() == S.scalar_type() && table.is_contiguous() &&
+                  best_at.numel() == B,
+              "DP table does not match the score matrix");
+  const int R = lane_columns_for(B, lane_columns);
+  const int64_t tile = sw_cuda_tile_columns(R);
+  const Lengths l = lengths_for(qlen, tlen, B, M, N, S.device(), tile);
+  const Problem pr = problem(B, M, N, l);
+  const at::Tensor grad = grad_scores.to(S.scalar_type()).contiguous();
+  at::Tensor grad_S = at::zeros({B, M, N}, S.options());
+  const at::Tensor boundary = boundary_for(B, M, N, tile, S.options());
+  if (M == 0 || N == 0) return grad_S;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (S.scalar_type() == at::kFloat)
+    check_cuda(sw_cuda_backward_f32(pr, grad.data_ptr<float>(), S.data_ptr<float>(), table.data_ptr<float>(),
+                                    best_at.data_ptr<int64_t>(), grad_S.data_ptr<float>(),
+                                    ptr_or_null<float>(boundary), gap, temperature, R, stream),
+               "backward");
+  else
+    check_cuda(sw_cuda_backward_f64(pr, grad.data_ptr<double>(), S.data_ptr<double>(), table.data_ptr<double>(),
+                                    best_at.data_ptr<int64_t>(), grad_S.data_ptr<double>(),
+                                    ptr_or_null<double>(boundary), gap, temperature, R, stream),
+               "backward");
+  return grad_S;
+}
+
+// The yardstick: allocate a (B,) result like the forward does, and launch an empty kernel.
+at::Tensor empty_launch(const at::Tensor& S) {
+  TORCH_CHECK(S.is_cuda() && S.dim() == 3, "needs a 3-D CUDA tensor");
+  at::Tensor out = at::empty({S.size(0)}, S.options());
+  check_cuda(sw_cuda_empty(c10::cuda::getCurrentCUDAStream()), "empty launch");
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "soft Smith-Waterman scores (and the DP table for backward)");
+  m.def("forward_codes", &forward_codes, "scores of code pairs looked up in a substitution matrix");
+  m.def("backward", &backward, "gradient of the scores with respect to the score matrix");
+  m.def("empty_launch", &empty_launch, "an empty kernel launch, for the launch-overhead yardstick");
+}

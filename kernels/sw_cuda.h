@@ -1,0 +1,40 @@
+// The interface between the CUDA kernels (sw_cuda.cu, compiled by nvcc) and their torch binding
+// (sw_cuda.cpp): raw pointers and a stream, so the .cu needs no torch headers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+struct Problem {
+  int64_t B, M, N;        // pairs, rows and columns of the score matrices
+  const int64_t* qlen;    // (B,) on the device, or null for M
+  const int64_t* tlen;    // (B,) on the device, or null for N
+  const int64_t* order;   // (B,) the pairs in the order to start them (longest first), or null
+};
+
+// Columns per tile: 32 lanes x lane_columns; pairs with longer targets need a boundary buffer (B, M).
+int sw_cuda_tile_columns(int lane_columns);
+
+// Scores (B,); with table (B, M, N) non-null, also H without its zero border and best_at (B,), the
+// row-major index of the first maximal cell or -1, for the backward. lane_columns is 1 or 4.
+cudaError_t sw_cuda_forward_f32(const Problem& pr, const float* S, float* scores, float* table,
+                                int64_t* best_at, float* boundary, double gap, double t, int lane_columns,
+                                cudaStream_t stream);
+cudaError_t sw_cuda_forward_f64(const Problem& pr, const double* S, double* scores, double* table,
+                                int64_t* best_at, double* boundary, double gap, double t, int lane_columns,
+                                cudaStream_t stream);
+// Scores (B,) of uint8 code pairs (B, M), (B, N) looked up in a K x K float32 matrix.
+cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const uint8_t* target,
+                                  const float* matrix, int K, float* scores, float* boundary, double gap,
+                                  double t, int lane_columns, cudaStream_t stream);
+// grad_S (B, M, N), zero on entry, from the table and best_at of the forward.
+cudaError_t sw_cuda_backward_f32(const Problem& pr, const float* grad_scores, const float* S,
+                                 const float* table, const int64_t* best_at, float* grad_S, float* boundary,
+                                 double gap, double t, int lane_columns, cudaStream_t stream);
+cudaError_t sw_cuda_backward_f64(const Problem& pr, const double* grad_scores, const double* S,
+                                 const double* table, const int64_t* best_at, double* grad_S,
+                                 double* boundary, double gap, double t, int lane_columns,
+                                 cudaStream_t stream);
+// An empty kernel: the launch-overhead yardstick of `swcli bench`.
+cudaError_t sw_cuda_empty(cudaStream_t stream);

@@ -1,0 +1,69 @@
+#!/bin/bash
+# Build, test and benchmark the CUDA engine on the H200 machine (device tool); logs go to $OUT.
+#   tools/h200.sh STAGE...   with stages: build, test (the cuda-marked suite), gpu-all (every test on
+#   the GPU machine), bench, sanitize, e2e (swcli align on a 100k-pair FASTA)
+# Needs .whl (biopython, from ../shared/tools/device-prep) and .bench/proteins.fasta, both carried.
+set -o pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SWCLI_CACHE_DIR=/tmp/swcli-cache
+FASTA=.bench/proteins.fasta
+for stage in "$@"; do
+  echo "=== $stage $(date +%T)"
+  case $stage in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+      python3 -c "import time, torch; from swcli._build import cuda_engine; t = time.time(); cuda_engine(); \
+print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__version__}')" 2>&1 | tee "$OUT/build.log" ;;
+    test)
+      timeout 330 python3 -m pytest -q -x -m cuda -p no:cacheprovider tests 2>&1 | tee "$OUT/test_cuda.log" | tail -25 ;;
+    gpu-all)
+      timeout 330 python3 -m pytest -q -p no:cacheprovider -n 12 tests 2>&1 | tee "$OUT/test_all.log" | tail -25 ;;
+    bench)
+      timeout 300 python3 -m swcli bench --backend cuda --fasta $FASTA --pairs 0 --json > "$OUT/bench.json" 2> "$OUT/bench.err"
+      python3 -c "import json; d = json.load(open('$OUT/bench.json')); print(d['machine']); \
+[print(f\"{r['workload']:<24} {r['backend']:<9} t={r['temperature']:<3} {r['seconds'] * 1e6:>12,.1f} us {r['gcups']:>9.1f} GCUPS  {r['note']}\") for r in d['rows']]" \
+        || tail -20 "$OUT/bench.err" ;;
+    sanitize)
+      export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+      cat > /tmp/small.py <<'PY'
+import torch, swcli
+from swcli.ops import soft_smith_waterman_codes
+g = torch.Generator().manual_seed(1)
+for B, M, N in [(5, 37, 70), (1100, 9, 300)]:
+    S = torch.randn(B, M, N, generator=g).cuda().requires_grad_()
+    q = torch.randint(0, M + 1, (B,), generator=g).cuda(); t = torch.randint(0, N + 1, (B,), generator=g).cuda()
+    for temp in (0.0, 1.0):
+        swcli.soft_smith_waterman(S, -1.0, temp, q, t).sum().backward()
+        codes_q = torch.randint(0, 24, (B, M), generator=g, dtype=torch.uint8).cuda()
+        codes_t = torch.randint(0, 24, (B, N), generator=g, dtype=torch.uint8).cuda()
+        soft_smith_waterman_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), -1.0, temp, q, t)
+torch.cuda.synchronize(); print("small case done")
+PY
+      for tool in memcheck racecheck; do
+        timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 python3 /tmp/small.py > "$OUT/sanitize_$tool.log" 2>&1
+        echo "$tool: exit $? ; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
+      done ;;
+    e2e)
+      python3 - <<'PY'
+import random
+from Bio import SeqIO
+records = list(SeqIO.parse(".bench/proteins.fasta", "fasta"))
+rng = random.Random(0)
+with open("/tmp/pairs.fasta", "w") as f:
+    for k in range(100_000):
+        a, b = rng.choice(records), rng.choice(records)
+        f.write(f">{a.id}\n{a.seq}\n>{b.id}\n{b.seq}\n")
+PY
+      for t in 1 0; do
+        /usr/bin/time -v python3 -m swcli align /tmp/pairs.fasta --backend cuda --temperature $t -q -o /tmp/out_$t.tsv \
+          2> "$OUT/e2e_$t.err"; echo "t=$t exit $?: $(grep -E 'Elapsed|Maximum resident' "$OUT/e2e_$t.err" | tr '\n' ' ')"
+      done
+      timeout 200 python3 -c "
+from swcli.bench import end_to_end_rows; from swcli.fasta import read_fasta
+rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), 100_000)
+[print(r.workload, r.temperature, f'{r.seconds:.2f} s', f'{r.gcups:.1f} GCUPS', r.note) for r in rows]" 2>&1 | tee "$OUT/e2e.txt" ;;
+  esac
+done
+echo "=== done $(date +%T)"
