@@ -18,6 +18,12 @@ from testing import biopython_score, random_protein_pairs, read_tsv, related_pro
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "data" / "example.fasta")
 
 
+def subprocess_env() -> dict:
+    """The environment for `python -m swcli` in a child: this checkout first, the caller's path kept."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                         os.environ.get("PYTHONPATH", "")])}
+
+
 def run(argv, capsys):
     code = main(argv)
     captured = capsys.readouterr()
@@ -191,7 +197,7 @@ def test_help_is_fast_and_imports_no_torch():
 
 
 def test_module_entry_point_exit_codes(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = subprocess_env()
     ok = subprocess.run([sys.executable, "-m", "swcli", "align", EXAMPLE, "-t", "0"], capture_output=True,
                         text=True, timeout=300, env=env)
     assert ok.returncode == 0 and len(ok.stdout.splitlines()) == 21
@@ -205,7 +211,7 @@ def test_module_entry_point_exit_codes(tmp_path):
 
 def test_broken_pipe_is_quiet(tmp_path):
     path = write_fasta(tmp_path / "x.fa", [(f"r{k}", "MKVLAWY" * 3) for k in range(4000)])
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = subprocess_env()
     result = subprocess.run(f"{sys.executable} -m swcli align {path} -t 0 | head -1", shell=True,
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.stdout == "query\ttarget\tqlen\ttlen\tscore\n"
@@ -233,7 +239,7 @@ def test_interrupted_run_leaves_no_file(tmp_path, signal_name):
     path = write_fasta(tmp_path / "x.fa", [(f"r{k}", "MKVLAWYPGHE" * 40) for k in range(40000)])
     out_path = tmp_path / "out" / "result.tsv"
     out_path.parent.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = subprocess_env()
     proc = subprocess.Popen([sys.executable, "-m", "swcli", "align", path, "-o", str(out_path),
                              "--chunk-size", "256"], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120

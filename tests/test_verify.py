@@ -41,7 +41,7 @@ def test_sample_skips_pairs_over_the_cell_limit():
 
 
 def test_verify_passes_on_the_cpu_engine(capsys):
-    code = main(["verify", EXAMPLE, "--sample", "3", "--quiet", "-t", "1"])
+    code = main(["verify", EXAMPLE, "--sample", "3", "--quiet", "-t", "1", "--backend", "cpu"])
     out = capsys.readouterr().out
     assert code == 0
     assert "checked 3 of 20 pairs (20 within --max-cells 250000): backend cpu" in out
