@@ -836,6 +836,25 @@ class TestCudaBackend:
                                    rtol=0, atol=atol)
 
     @pytest.mark.parametrize("t", [0.0, 1.0])
+    def test_skewed_sweep_with_long_queries(self, t):
+        # 4 columns per lane (B >= 8 per SM) and queries longer than the skewed sweep's 192-row minimum
+        # period, over several column tiles: the tiles' rows run end to end through the boundary buffer.
+        B, M, N = 1100, 260, 300
+        S = random_scores((B, M, N), seed=9650, dtype=torch.float32)
+        qlen, tlen = random_lengths(B, M, seed=9651, low=150), random_lengths(B, N, seed=9652, low=100)
+        exact = ssw(S.double(), -1.0, t, qlen, tlen, backend="cpu")
+        gpu = ssw(S.cuda(), -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda").cpu().double()
+        bound = 1e-4 + 1e-5 * exact.abs()  # float32 over paths of a few hundred steps
+        assert ((gpu - exact).abs() <= bound).all(), (gpu - exact).abs().max().item()
+        codes = torch.randint(0, 20, (B, M), generator=torch.Generator().manual_seed(9653), dtype=torch.uint8)
+        targets = torch.randint(0, 20, (B, N), generator=torch.Generator().manual_seed(9654), dtype=torch.uint8)
+        table = torch.randn(20, 20, generator=torch.Generator().manual_seed(9655))
+        dense = table[codes.long()[:, :, None], targets.long()[:, None, :]]
+        from_codes = soft_smith_waterman_codes(codes.cuda(), targets.cuda(), table.cuda(), -1.0, t, qlen.cuda(),
+                                               tlen.cuda(), backend="cuda")
+        assert torch.equal(from_codes, ssw(dense.cuda(), -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda"))
+
+    @pytest.mark.parametrize("t", [0.0, 1.0])
     @pytest.mark.parametrize("B", [5, 1100], ids=["1-column-lanes", "4-column-lanes"])
     def test_codes_equal_dense_bit_for_bit(self, B, t):
         pairs = random_protein_pairs(seed=9700 + B, count=B, min_length=1, max_length=200)

@@ -17,7 +17,7 @@ for stage in "$@"; do
       python3 -c "import time, torch; from swcli._build import cuda_engine; t = time.time(); cuda_engine(); \
 print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__version__}')" 2>&1 | tee "$OUT/build.log" ;;
     test)
-      timeout 330 python3 -m pytest -q -x -m cuda -p no:cacheprovider tests 2>&1 | tee "$OUT/test_cuda.log" | tail -25 ;;
+      timeout ${TEST_LIMIT:-330} python3 -m pytest -q -x -m cuda -p no:cacheprovider tests 2>&1 | tee "$OUT/test_cuda.log" | tail -25 ;;
     gpu-all)
       timeout 480 python3 -m pytest -q -p no:cacheprovider -n 14 --durations=15 tests 2>&1 | tee "$OUT/test_all.log" | tail -25 ;;
     bench)
