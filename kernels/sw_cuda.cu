@@ -30,12 +30,8 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
 constexpr unsigned kFull = 0xffffffffu;
-// Rows the cp.async ring runs ahead of lane 0: deep for 1 column per lane (4 bytes a row, and the small
-// batches it serves are latency-bound), shallower for 4 (16 bytes a row, occupancy matters).
-template <int R>
-constexpr int kPrefetchRows = R == 1 ? 16 : 4;
-template <int R>
-constexpr int kRingRows = kWarp + kPrefetchRows<R>;  // lane 31 reads 31 rows behind lane 0
+constexpr int kPrefetchRows = 4;                  // rows the cp.async ring runs ahead of lane 0
+constexpr int kRingRows = kWarp + kPrefetchRows;  // lane 31 reads 31 rows behind lane 0
 
 // ---------------------------------------------------------------------------------------------------
 // Arithmetic: float uses the special function units, double the accurate library calls.
@@ -192,7 +188,7 @@ struct DenseRing {
       }
     }
     asm volatile("cp.async.commit_group;\n" ::);
-    write_slot = write_slot + 1 == kRingRows<R> ? 0 : write_slot + 1;
+    write_slot = write_slot + 1 == kRingRows ? 0 : write_slot + 1;
   }
   __device__ void begin_tile(const Pair& p, int lane_, int64_t col_) {
     lane = lane_;
@@ -200,17 +196,17 @@ struct DenseRing {
     row0 = S + p.b * M * N + col;
     aligned = (N % 4 == 0) && (reinterpret_cast<uintptr_t>(S) % 16 == 0);
     write_slot = 0;
-    read_slot = (kRingRows<R> - lane) % kRingRows<R>;  // row -lane, which lane k reads at step 0
+    read_slot = (kRingRows - lane) % kRingRows;  // row -lane, which lane k reads at step 0
     __syncwarp();                                // the last tile's reads are done before refilling
-    for (int i = 0; i < kPrefetchRows<R>; ++i) issue(p, i);
+    for (int i = 0; i < kPrefetchRows; ++i) issue(p, i);
   }
   __device__ __forceinline__ void row(const Pair& p, int s, float (&v)[R]) {
-    issue(p, int64_t(s) + kPrefetchRows<R>);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPrefetchRows<R>));
+    issue(p, int64_t(s) + kPrefetchRows);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPrefetchRows));
     const float* x = reinterpret_cast<const float*>(ring + read_slot * kWarp + lane);
 #pragma unroll
     for (int r = 0; r < R; ++r) v[r] = x[r];
-    read_slot = read_slot + 1 == kRingRows<R> ? 0 : read_slot + 1;
+    read_slot = read_slot + 1 == kRingRows ? 0 : read_slot + 1;
   }
 };
 
@@ -389,246 +385,10 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;
   const int64_t b = order ? order[slot] : slot;
-  src.ring = reinterpret_cast<typename DenseRing<R>::Chunk*>(ring_memory) + (threadIdx.x / kWarp) * kRingRows<R> * kWarp;
+  src.ring = reinterpret_cast<typename DenseRing<R>::Chunk*>(ring_memory) + (threadIdx.x / kWarp) * kRingRows * kWarp;
   const Pair p{b, qlen ? qlen[b] : src.M, tlen ? tlen[b] : src.N};
   forward_pair<float, R, SOFT, STORE>(p, src, k, out, src.M, src.N);
   asm volatile("cp.async.wait_all;\n" ::);
-}
-
-// ---------------------------------------------------------------------------------------------------
-// The skewed sweep: inference in float32 with 4 columns per lane, for large batches and long pairs.
-//
-// In the sweep above the 4 cells of a lane's step depend on each other (each is the next one's left
-// neighbour), so a step costs 4 cell latencies. Here column j of the tile runs one step behind column
-// j-1: at step s it computes row s - j, a plain anti-diagonal, and a lane's 4 cells of a step are
-// independent. The price is a 127-step lead-in, paid once per pair rather than once per tile: the
-// tiles' rows are laid end to end as virtual rows (row v % Q of tile v / Q), so column 0 starts the next
-// tile while the last columns finish the current one. Q is the query length, padded with idle rows to
-// at least 192 so that lane 31 has written a boundary row (step v + 127) well before lane 0 loads it
-// for the next tile (a chunk of 32 rows, up to 63 steps ahead).
-
-constexpr int kSkewCols = 4;
-constexpr int kSkewTile = kWarp * kSkewCols;
-constexpr int kSkewSlots = 8;  // lane-private ring of S rows (a power of two)
-constexpr int kSkewAhead = 5;  // virtual rows fetched ahead of use
-constexpr int kMinPeriod = kSkewTile + 2 * kWarp;
-
-struct Position {  // a virtual row as (tile, row), row in [0, Q); tile is negative before the start
-  int tile, row;
-  __device__ __forceinline__ void advance(int Q) {
-    if (++row == Q) row = 0, ++tile;
-  }
-  __device__ __forceinline__ Position back(int r, int Q) const {
-    Position p{tile, row - r};
-    if (p.row < 0) p.row += Q, --p.tile;
-    return p;
-  }
-  __device__ __forceinline__ int virtual_row(int Q) const { return tile * Q + row; }
-};
-
-__device__ __forceinline__ Position position_of(int v, int Q) {
-  const int t = v >= 0 ? v / Q : -((Q - 1 - v) / Q);
-  return Position{t, v - t * Q};
-}
-
-struct SkewGeometry {
-  int Q, T;          // the period of virtual rows, and the number of column tiles
-  int64_t qn, tn;
-  __device__ __forceinline__ bool live(const Position& p) const { return p.tile >= 0 && p.tile < T && p.row < qn; }
-};
-
-// Dense S: each lane copies the 4 scores of its columns for a virtual row into its own ring slot with
-// cp.async, kSkewAhead rows ahead. Column r needs the row of r steps ago, so the last three rows stay
-// in registers.
-struct SkewDense {
-  const float* S;
-  int64_t M, N;
-  float4* ring;  // ring[slot * 32 + lane]
-  const float* base;
-  bool aligned;
-  int lane;
-  Position fetch_at;
-  float4 x1, x2, x3;
-
-  __device__ void fetch(const SkewGeometry& g) {
-    const Position f = fetch_at;
-    const int slot = f.virtual_row(g.Q) & (kSkewSlots - 1);
-    const int64_t col = int64_t(f.tile) * kSkewTile + lane * kSkewCols;
-    const bool live = g.live(f);
-    const float* src = base + int64_t(f.row) * N + col;
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(ring + slot * kWarp + lane));
-    if (aligned) {
-      const int bytes = live && col < N ? 16 : 0;
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(bytes ? src : S), "r"(bytes));
-    } else {
-#pragma unroll
-      for (int r = 0; r < kSkewCols; ++r) {
-        const int bytes = live && col + r < N ? 4 : 0;
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d + 4 * r), "l"(bytes ? src + r : S),
-                     "r"(bytes));
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-    fetch_at.advance(g.Q);
-  }
-  __device__ void begin(const Pair& p, int lane_, const SkewGeometry& g) {
-    lane = lane_;
-    base = S + p.b * M * N;
-    aligned = (N % 4 == 0) && (reinterpret_cast<uintptr_t>(S) % 16 == 0);
-    fetch_at = position_of(-lane * kSkewCols, g.Q);
-    x1 = x2 = x3 = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int a = 0; a < kSkewAhead; ++a) fetch(g);
-  }
-  __device__ __forceinline__ void take(const Position& at, const Position (&)[kSkewCols], float (&v)[kSkewCols],
-                                       const SkewGeometry& g) {
-    fetch(g);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kSkewAhead));
-    const float4 x0 = ring[(at.virtual_row(g.Q) & (kSkewSlots - 1)) * kWarp + lane];
-    v[0] = x0.x, v[1] = x1.y, v[2] = x2.z, v[3] = x3.w;
-    x3 = x2, x2 = x1, x1 = x0;
-  }
-};
-
-// Scores from codes: column 0 loads the query code of its next row a step ahead, and the other columns
-// take it 1 to 3 steps later; the target codes of a tile are loaded when column 0 enters it.
-struct SkewCodes {
-  const uint8_t* query;
-  const uint8_t* target;
-  int64_t M, N;
-  const float* matrix;  // shared memory, K x K
-  int K;
-  const uint8_t* q;
-  const uint8_t* t;
-  int lane;
-  int next_row_code;
-  int row_code[kSkewCols];     // K * query code of each column's row
-  int col_code[kSkewCols];     // target code of each column in its tile
-  int pending[kSkewCols];      // the codes of the tile column 0 has entered
-
-  __device__ __forceinline__ int row_code_at(const Position& p, const SkewGeometry& g) const {
-    return g.live(p) ? K * int(__ldg(q + p.row)) : 0;
-  }
-  __device__ void begin(const Pair& p, int lane_, const SkewGeometry& g) {
-    lane = lane_;
-    q = query + p.b * M;
-    t = target + p.b * N;
-    next_row_code = row_code_at(position_of(-lane * kSkewCols, g.Q), g);
-#pragma unroll
-    for (int r = 0; r < kSkewCols; ++r) row_code[r] = col_code[r] = pending[r] = 0;
-  }
-  __device__ __forceinline__ void take(const Position& at, const Position (&pos)[kSkewCols],
-                                       float (&v)[kSkewCols], const SkewGeometry& g) {
-    const int code = next_row_code;
-    Position next = at;
-    next.advance(g.Q);
-    next_row_code = row_code_at(next, g);
-    row_code[3] = row_code[2], row_code[2] = row_code[1], row_code[1] = row_code[0], row_code[0] = code;
-    if (at.row == 0 && at.tile >= 0 && at.tile < g.T) {
-      const int64_t col = int64_t(at.tile) * kSkewTile + lane * kSkewCols;
-#pragma unroll
-      for (int r = 0; r < kSkewCols; ++r) pending[r] = col + r < N ? int(__ldg(t + col + r)) : 0;
-    }
-#pragma unroll
-    for (int r = 0; r < kSkewCols; ++r) {
-      if (pos[r].row == 0) col_code[r] = pending[r];
-      v[r] = matrix[row_code[r] + col_code[r]];
-    }
-  }
-};
-
-template <bool SOFT, class Source>
-__device__ void forward_pair_skewed(const Pair& p, Source& src, const Consts<float>& k, float* scores,
-                                    float* boundary, int64_t M) {
-  const int lane = threadIdx.x % kWarp;
-  float best = 0.f;
-  if (p.qn > 0 && p.tn > 0) {
-    SkewGeometry g;
-    g.qn = p.qn, g.tn = p.tn;
-    g.T = int((p.tn + kSkewTile - 1) / kSkewTile);
-    g.Q = p.qn > kMinPeriod ? int(p.qn) : kMinPeriod;
-    float* const bnd = g.T > 1 ? boundary + p.b * M : nullptr;
-    src.begin(p, lane, g);
-    float h[kSkewCols], last_left[kSkewCols];
-#pragma unroll
-    for (int r = 0; r < kSkewCols; ++r) h[r] = last_left[r] = 0.f;
-    Position at = position_of(-lane * kSkewCols, g.Q);  // column 0's virtual row
-    // Lane 0 takes the boundary of the previous tile 32 rows at a time, a chunk ahead, by shuffle.
-    auto boundary_value = [&](int v) -> float {
-      if (v < 0) return 0.f;
-      const Position b = position_of(v, g.Q);
-      return (b.tile >= 1 && g.live(b)) ? bnd[b.row] : 0.f;
-    };
-    float chunk = 0.f, chunk_next = 0.f;
-    if (bnd) chunk = boundary_value(lane), chunk_next = boundary_value(kWarp + lane);
-    const int steps = (g.T - 1) * g.Q + int(p.qn) + kSkewTile - 1;
-    for (int s = 0; s < steps; ++s) {
-      float left0 = __shfl_up_sync(kFull, h[kSkewCols - 1], 1);
-      if (bnd) {
-        if (s % kWarp == 0 && s > 0) {
-          __syncwarp();  // lane 31's boundary writes are visible to the loading lanes
-          chunk = chunk_next;
-          chunk_next = boundary_value(s + kWarp + lane);
-        }
-        const float from_buffer = __shfl_sync(kFull, chunk, s % kWarp);
-        if (lane == 0) left0 = from_buffer;
-      } else if (lane == 0) {
-        left0 = 0.f;
-      }
-      Position pos[kSkewCols];
-#pragma unroll
-      for (int r = 0; r < kSkewCols; ++r) pos[r] = at.back(r, g.Q);
-      float v[kSkewCols];
-      src.take(at, pos, v, g);
-      float fresh[kSkewCols];
-#pragma unroll
-      for (int r = 0; r < kSkewCols; ++r) {
-        const bool top = pos[r].row == 0;
-        const float left = r == 0 ? left0 : h[r - 1];
-        fresh[r] = cell<float, SOFT>((top ? 0.f : last_left[r]) + v[r], (top ? 0.f : h[r]) + k.gap, left + k.gap, k);
-        last_left[r] = left;
-        const int64_t col = int64_t(pos[r].tile) * kSkewTile + lane * kSkewCols + r;
-        if (g.live(pos[r]) && col < p.tn) best = max_nan(best, fresh[r]);
-      }
-#pragma unroll
-      for (int r = 0; r < kSkewCols; ++r) h[r] = fresh[r];
-      const Position& edge = pos[kSkewCols - 1];
-      if (bnd && lane == kWarp - 1 && edge.tile >= 0 && edge.tile + 1 < g.T && edge.row < p.qn)
-        bnd[edge.row] = h[kSkewCols - 1];
-      at.advance(g.Q);
-    }
-  }
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2) best = max_nan(best, __shfl_xor_sync(kFull, best, off));
-  if (lane == 0) scores[p.b] = best;
-}
-
-template <bool SOFT>
-__global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
-    skewed_dense_kernel(SkewDense src, Consts<float> k, float* scores, float* boundary, const int64_t* qlen,
-                        const int64_t* tlen, const int64_t* order, int64_t B) {
-  __shared__ float4 rings[kWarpsPerBlock * kSkewSlots * kWarp];
-  const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (slot >= B) return;
-  const int64_t b = order ? order[slot] : slot;
-  src.ring = rings + (threadIdx.x / kWarp) * kSkewSlots * kWarp;
-  const Pair p{b, qlen ? qlen[b] : src.M, tlen ? tlen[b] : src.N};
-  forward_pair_skewed<SOFT>(p, src, k, scores, boundary, src.M);
-  asm volatile("cp.async.wait_all;\n" ::);
-}
-
-template <bool SOFT>
-__global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
-    skewed_codes_kernel(SkewCodes src, const float* matrix, Consts<float> k, float* scores, float* boundary,
-                        const int64_t* qlen, const int64_t* tlen, const int64_t* order, int64_t B) {
-  extern __shared__ float shared_matrix[];
-  for (int x = threadIdx.x; x < src.K * src.K; x += blockDim.x) shared_matrix[x] = matrix[x];
-  __syncthreads();
-  const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (slot >= B) return;
-  const int64_t b = order ? order[slot] : slot;
-  src.matrix = shared_matrix;
-  const Pair p{b, qlen ? qlen[b] : src.M, tlen ? tlen[b] : src.N};
-  forward_pair_skewed<SOFT>(p, src, k, scores, boundary, src.M);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -804,7 +564,7 @@ cudaError_t launch_dense(const Problem& pr, const A* S, A* scores, A* table, int
 template <int R, bool SOFT, bool STORE>
 cudaError_t launch_ring(const Problem& pr, const float* S, const Outputs<float>& out, const Consts<float>& k,
                         cudaStream_t stream) {
-  const size_t smem = sizeof(float) * R * kRingRows<R> * kWarp * kWarpsPerBlock;
+  const size_t smem = sizeof(float) * R * kRingRows * kWarp * kWarpsPerBlock;
   auto kernel = forward_ring_kernel<R, SOFT, STORE>;
   static const cudaError_t set = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                       int(smem));  // once per kernel and process
@@ -833,16 +593,6 @@ cudaError_t sw_cuda_forward_f32(const Problem& pr, const float* S, float* scores
   return table ? launch_ring<R, false, true>(pr, S, out, k, stream) : launch_ring<R, false, false>(pr, S, out, k, stream)
   if (lane_columns == 1) {
     SWCLI_RING(1);
-  }
-  if (!table) {  // inference: the skewed sweep
-    SkewDense src{};
-    src.S = S, src.M = pr.M, src.N = pr.N;
-    const int blocks = blocks_for(pr.B), threads = kWarp * kWarpsPerBlock;
-    if (t > 0)
-      skewed_dense_kernel<true><<<blocks, threads, 0, stream>>>(src, k, scores, boundary, pr.qlen, pr.tlen, pr.order, pr.B);
-    else
-      skewed_dense_kernel<false><<<blocks, threads, 0, stream>>>(src, k, scores, boundary, pr.qlen, pr.tlen, pr.order, pr.B);
-    return cudaGetLastError();
   }
   SWCLI_RING(4);
 #undef SWCLI_RING
@@ -878,17 +628,7 @@ cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const
   };
   if (lane_columns == 1)
     return t > 0 ? go(forward_codes_kernel<1, true>, Codes<1>{}) : go(forward_codes_kernel<1, false>, Codes<1>{});
-  auto skewed = [&](auto kernel) {  // the skewed sweep, for 4 columns per lane
-    if (smem > 48 * 1024) {
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      if (err != cudaSuccess) return err;
-    }
-    SkewCodes src{};
-    src.query = query, src.target = target, src.M = pr.M, src.N = pr.N, src.K = K;
-    kernel<<<blocks, threads, smem, stream>>>(src, matrix, k, scores, boundary, pr.qlen, pr.tlen, pr.order, pr.B);
-    return cudaGetLastError();
-  };
-  return t > 0 ? skewed(skewed_codes_kernel<true>) : skewed(skewed_codes_kernel<false>);
+  return t > 0 ? go(forward_codes_kernel<4, true>, Codes<4>{}) : go(forward_codes_kernel<4, false>, Codes<4>{});
 }
 
 template <typename A>

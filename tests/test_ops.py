@@ -836,9 +836,8 @@ class TestCudaBackend:
                                    rtol=0, atol=atol)
 
     @pytest.mark.parametrize("t", [0.0, 1.0])
-    def test_skewed_sweep_with_long_queries(self, t):
-        # 4 columns per lane (B >= 8 per SM) and queries longer than the skewed sweep's 192-row minimum
-        # period, over several column tiles: the tiles' rows run end to end through the boundary buffer.
+    def test_4_column_lanes_with_long_queries(self, t):
+        # 4 columns per lane (B >= 8 per SM), queries of a few hundred rows over several column tiles.
         B, M, N = 1100, 260, 300
         S = random_scores((B, M, N), seed=9650, dtype=torch.float32)
         qlen, tlen = random_lengths(B, M, seed=9651, low=150), random_lengths(B, N, seed=9652, low=100)
