@@ -1,7 +1,8 @@
 #!/bin/bash
 # Build, test and benchmark the CUDA engine on the H200 machine (device tool); logs go to $OUT.
 #   tools/h200.sh STAGE...   with stages: build, test (the cuda-marked suite), gpu-all (every test on
-#   the GPU machine), bench, sanitize, e2e (swcli align on a 100k-pair FASTA)
+#   the GPU machine), bench, sanitize, e2e (swcli align on a 100k-pair FASTA), profile (ncu on the
+#   dense and codes kernels, and their SASS)
 # Needs .whl (biopython, from ../shared/tools/device-prep) and .bench/proteins.fasta, both carried.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -45,6 +46,21 @@ PY
         timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 python3 /tmp/small.py > "$OUT/sanitize_$tool.log" 2>&1
         echo "$tool: exit $? ; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
       done ;;
+    profile)
+      cat > /tmp/profile.py <<'PY'
+import torch, swcli
+from swcli.ops import soft_smith_waterman_codes
+S = torch.randn(8192, 256, 256, device="cuda")
+for t in (1.0, 0.0):
+    swcli.soft_smith_waterman(S, -1.0, t)
+q = torch.randint(0, 24, (4096, 400), dtype=torch.uint8, device="cuda")
+soft_smith_waterman_codes(q, q.flip(1), torch.randn(24, 24, device="cuda"), -4.0, 1.0)
+torch.cuda.synchronize()
+PY
+      timeout 240 ncu --clock-control none --set full -k regex:"forward|codes" -c 3 -o "$OUT/kernels" \
+        python3 /tmp/profile.py > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?"
+      so=$(ls /tmp/swcli-cache/swcli_cuda_*/*.so | head -1)
+      cuobjdump --dump-sass "$so" > "$OUT/sass.txt" 2>&1; echo "sass: $(wc -l < "$OUT/sass.txt") lines" ;;
     e2e)
       python3 - <<'PY'
 import random
