@@ -14,7 +14,7 @@
 // reference, so a gap step adds exactly the same float. max.NaN / min.NaN carry a NaN in S to that
 // pair's score and nowhere else.
 //
-// Dense scores (float32, R = 4) reach the lanes through a per-warp ring in shared memory, filled by
+// Dense float32 scores reach the lanes through a per-warp ring in shared memory, filled by
 // cp.async a few rows ahead: the warp copies row s whole and coalesced, lane k reads it k steps later.
 // Scores from codes are looked up in the substitution matrix, held in shared memory.
 #include <cuda_runtime.h>
@@ -124,7 +124,7 @@ struct Pair {
 };
 
 // Dense S (B, M, N), contiguous, read straight from global memory; the next row's loads are issued one
-// step ahead. Used for float64 and for R = 1 (the latency-bound small batches).
+// step ahead. Used for float64 (the accuracy path, for gradcheck; float32 goes through the ring).
 template <typename A, int R>
 struct DenseDirect {
   const A* S;
