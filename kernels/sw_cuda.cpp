@@ -64,6 +64,26 @@ at::Tensor boundary_for(int64_t B, int64_t M, int64_t N, int64_t tile_columns, c
   return N > tile_columns ? at::empty({B, M}, o) : at::Tensor();
 }
 
+// What every entry point derives from the batch: columns per lane, the lengths and the order of the
+// pairs, the kernels' Problem (which points into those lengths), and the tile boundary buffer.
+struct Plan {
+  int R;
+  Lengths lengths;
+  Problem pr;
+  at::Tensor boundary;
+};
+
+Plan plan_for(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& qlen,
+              const c10::optional<at::Tensor>& tlen, int64_t lane_columns, const at::TensorOptions& values) {
+  Plan plan;
+  plan.R = lane_columns_for(B, lane_columns);
+  const int64_t tile = sw_cuda_tile_columns(plan.R);
+  plan.lengths = lengths_for(qlen, tlen, B, M, N, values.device(), tile);
+  plan.pr = problem(B, M, N, plan.lengths);
+  plan.boundary = boundary_for(B, M, N, tile, values);
+  return plan;
+}
+
 template <typename T>
 T* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
@@ -82,17 +102,16 @@ std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
   const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
-  const int R = lane_columns_for(B, lane_columns);
-  const int64_t tile = sw_cuda_tile_columns(R);
-  const Lengths l = lengths_for(qlen, tlen, B, M, N, S.device(), tile);
-  const Problem pr = problem(B, M, N, l);
+  const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, S.options());
+  const Problem& pr = plan.pr;
+  const int R = plan.R;
+  const at::Tensor& boundary = plan.boundary;
   at::Tensor scores = at::empty({B}, S.options());
   at::Tensor table, best_at;
   if (keep_dp_table) {
     table = at::empty({B, M, N}, S.options());
     best_at = at::empty({B}, S.options().dtype(at::kLong));
   }
-  const at::Tensor boundary = boundary_for(B, M, N, tile, S.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (M == 0 || N == 0) {
     scores.zero_();
@@ -129,16 +148,12 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   const at::Tensor query = query_in.contiguous(), target = target_in.contiguous();
   const at::Tensor matrix = matrix_in.to(at::kFloat).contiguous();
   const int64_t B = query.size(0), M = query.size(1), N = target.size(1);
-  const int R = lane_columns_for(B, lane_columns);
-  const int64_t tile = sw_cuda_tile_columns(R);
-  const Lengths l = lengths_for(qlen, tlen, B, M, N, query.device(), tile);
-  const Problem pr = problem(B, M, N, l);
+  const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, matrix.options());
   at::Tensor scores = at::empty({B}, matrix.options());
-  const at::Tensor boundary = boundary_for(B, M, N, tile, matrix.options());
   if (M == 0 || N == 0) return scores.zero_();
-  check_cuda(sw_cuda_forward_codes(pr, query.data_ptr<uint8_t>(), target.data_ptr<uint8_t>(),
+  check_cuda(sw_cuda_forward_codes(plan.pr, query.data_ptr<uint8_t>(), target.data_ptr<uint8_t>(),
                                    matrix.data_ptr<float>(), int(K), scores.data_ptr<float>(),
-                                   ptr_or_null<float>(boundary), gap, temperature, R,
+                                   ptr_or_null<float>(plan.boundary), gap, temperature, plan.R,
                                    c10::cuda::getCurrentCUDAStream()),
              "forward_codes");
   return scores;
@@ -156,13 +171,12 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   TORCH_CHECK(table.sizes() == S.sizes() && table.scalar_type() == S.scalar_type() && table.is_contiguous() &&
                   best_at.numel() == B,
               "DP table does not match the score matrix");
-  const int R = lane_columns_for(B, lane_columns);
-  const int64_t tile = sw_cuda_tile_columns(R);
-  const Lengths l = lengths_for(qlen, tlen, B, M, N, S.device(), tile);
-  const Problem pr = problem(B, M, N, l);
+  const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, S.options());
+  const Problem& pr = plan.pr;
+  const int R = plan.R;
+  const at::Tensor& boundary = plan.boundary;
   const at::Tensor grad = grad_scores.to(S.scalar_type()).contiguous();
   at::Tensor grad_S = at::zeros({B, M, N}, S.options());
-  const at::Tensor boundary = boundary_for(B, M, N, tile, S.options());
   if (M == 0 || N == 0) return grad_S;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (S.scalar_type() == at::kFloat)

@@ -22,7 +22,6 @@ import pytest
 import torch
 from Bio.Align import PairwiseAligner, substitution_matrices
 
-from swcli import ops
 from swcli.reference import soft_smith_waterman_reference
 
 DEVICES = [torch.device("cpu")]
