@@ -29,6 +29,10 @@ int lane_columns_for(int64_t B, int64_t requested) {
   return B < int64_t(sms) * 8 ? 1 : 4;
 }
 
+// Pairs of at least this many rows x column tiles share a block of warps (see Relay in sw_cuda.cu):
+// below it, one warp per pair finishes within the time of the rest of a typical batch.
+constexpr int64_t kRelayMinWork = 2048;
+
 struct Lengths {
   at::Tensor qlen, tlen, order;  // undefined when the pair shape is full
 };
@@ -151,10 +155,24 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, matrix.options());
   at::Tensor scores = at::empty({B}, matrix.options());
   if (M == 0 || N == 0) return scores.zero_();
+  // With 4 columns per lane and lengths, the longest pairs (a prefix of the order) get a block each.
+  const int64_t tile = sw_cuda_tile_columns(plan.R);
+  const Lengths& l = plan.lengths;
+  Relaying relaying{};
+  at::Tensor coop_count, relay;
+  if (plan.R == 4 && l.order.defined() && N > tile) {
+    relaying.max_coop = std::min<int64_t>(B, 2 * int64_t(device_attribute(cudaDevAttrMultiProcessorCount)));
+    const at::Tensor q_sorted = l.qlen.index_select(0, l.order), t_sorted = l.tlen.index_select(0, l.order);
+    const at::Tensor work = q_sorted * at::floor_divide(t_sorted + (tile - 1), tile);  // rows x tiles
+    coop_count = (work >= kRelayMinWork).sum().clamp_max(relaying.max_coop).to(at::kLong);
+    relay = at::empty({relaying.max_coop, sw_cuda_relay_warps() + 1, M}, matrix.options());
+    relaying.coop_count = coop_count.data_ptr<int64_t>();
+    relaying.relay = relay.data_ptr<float>();
+  }
   check_cuda(sw_cuda_forward_codes(plan.pr, query.data_ptr<uint8_t>(), target.data_ptr<uint8_t>(),
                                    matrix.data_ptr<float>(), int(K), scores.data_ptr<float>(),
                                    ptr_or_null<float>(plan.boundary), gap, temperature, plan.R,
-                                   c10::cuda::getCurrentCUDAStream()),
+                                   c10::cuda::getCurrentCUDAStream(), relaying.relay ? &relaying : nullptr),
              "forward_codes");
   return scores;
 }

@@ -253,16 +253,55 @@ struct Outputs {
   A* boundary;        // (B, M) H of the last column of a tile, for the next tile; null if one tile
 };
 
-template <typename A, int R, bool SOFT, bool STORE, class Source>
-__device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, const Outputs<A>& out,
-                             int64_t M, int64_t N) {
+// How a tile's last column reaches the next tile. One warp walking all the tiles of a pair keeps it
+// in one buffer per pair, overwritten in place (lane 31 writes row i long after lane 0 read it).
+template <typename A>
+struct InPlace {
+  A* bnd;  // (M,) for this pair, or null when the pair has one tile
+  __device__ __forceinline__ const A* source(int64_t) const { return bnd; }
+  __device__ __forceinline__ A* sink(int64_t) const { return bnd; }
+  __device__ __forceinline__ void wait(int64_t, int64_t) const {}
+  __device__ __forceinline__ void publish(int64_t, int64_t) const {}
+};
+
+// The W warps of a block taking turns over the tiles of one long pair (warp w: tiles w, w + W, ...):
+// tile t writes its column into buffer t % (W + 1), tile t + 1 reads it. Buffer t % (W + 1) is written
+// again by tile t + W + 1, which its warp starts only after finishing tile t + 1 itself (the reader),
+// so W + 1 buffers are enough. done[w] counts the rows warp w has published over all its tiles; it only
+// grows, so a reader never sees a count that was reset. Warps of one block are resident together, so
+// waiting on another cannot deadlock.
+template <typename A, int W>
+struct Relay {
+  A* base;  // (W + 1, M) for this block
+  int64_t M, qn;
+  volatile int* done;  // shared memory, W counters
+  __device__ __forceinline__ const A* source(int64_t tile) const { return base + ((tile - 1) % (W + 1)) * M; }
+  __device__ __forceinline__ A* sink(int64_t tile) const { return base + (tile % (W + 1)) * M; }
+  // Until tile - 1 has published `rows` rows of its column (all lanes wait).
+  __device__ __forceinline__ void wait(int64_t tile, int64_t rows) const {
+    const int64_t producer = (tile - 1) % W, target = ((tile - 1) / W) * qn + rows;
+    while (done[producer] < target) __nanosleep(32);
+    __threadfence_block();  // the column's rows are read only after the count that covers them
+  }
+  // Called by lane 31 of the warp that runs `tile`, after writing `rows` rows of its column.
+  __device__ __forceinline__ void publish(int64_t tile, int64_t rows) const {
+    __threadfence_block();
+    done[tile % W] = int((tile / W) * qn + rows);
+  }
+};
+
+// The sweep of one warp over tiles first_tile, first_tile + stride, ... of one pair. Returns, in every
+// lane, the best cell value and (with STORE) its row-major position, -1 for the zero border.
+template <typename A, int R, bool SOFT, bool STORE, class Source, class Handoff>
+__device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, const Outputs<A>& out, int64_t M,
+                              int64_t N, const Handoff& handoff, int64_t first_tile, int64_t stride, A& best_out,
+                              int64_t& best_at_out) {
   const int lane = threadIdx.x % kWarp;
   constexpr int kTileCols = kWarp * R;
   A best = A(0);
   int64_t best_at = -1;
-  A* const bnd = out.boundary ? out.boundary + p.b * M : nullptr;
   const int64_t tiles = (p.tn + kTileCols - 1) / kTileCols;
-  for (int64_t tile = 0; tile < tiles; ++tile) {
+  for (int64_t tile = first_tile; tile < tiles; tile += stride) {
     const int64_t c0 = tile * kTileCols, col = c0 + int64_t(lane) * R;
     const int64_t width = p.tn - c0 < kTileCols ? p.tn - c0 : kTileCols;
     const int lanes = int((width + R - 1) / R);
@@ -277,10 +316,13 @@ __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, con
     // Lane 0 needs bnd[s] at step s. The warp loads the buffer 32 rows at a time, a chunk ahead (lane
     // k holds row chunk + k), and lane 0 takes its value by shuffle: no load latency on the wavefront.
     // Lane 31 overwrites row s - 31 at step s, long after it was read.
+    const A* const bnd_in = tile > 0 ? handoff.source(tile) : nullptr;
+    A* const bnd_out = has_next ? handoff.sink(tile) : nullptr;
     A chunk = A(0), chunk_next = A(0);
     if (tile > 0) {
-      chunk = lane < p.qn ? bnd[lane] : A(0);
-      chunk_next = kWarp + lane < p.qn ? bnd[kWarp + lane] : A(0);
+      handoff.wait(tile, p.qn < 2 * kWarp ? p.qn : 2 * kWarp);
+      chunk = lane < p.qn ? bnd_in[lane] : A(0);
+      chunk_next = kWarp + lane < p.qn ? bnd_in[kWarp + lane] : A(0);
     }
     const int steps = int(p.qn) + lanes - 1;
     for (int s = 0; s < steps; ++s) {
@@ -290,7 +332,8 @@ __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, con
         if (s % kWarp == 0 && s > 0) {
           chunk = chunk_next;
           const int64_t ahead = int64_t(s) + kWarp + lane;
-          chunk_next = ahead < p.qn ? bnd[ahead] : A(0);
+          handoff.wait(tile, p.qn < int64_t(s) + 2 * kWarp ? p.qn : int64_t(s) + 2 * kWarp);
+          chunk_next = ahead < p.qn ? bnd_in[ahead] : A(0);
         }
         const A from_buffer = __shfl_sync(kFull, chunk, s % kWarp);
         if (lane == 0) left = from_buffer;
@@ -321,7 +364,10 @@ __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, con
         }
         if (STORE) store_row<A, R>(out.table + (p.b * M + i) * N + col, up, valid, N % 4 == 0);
         left_above = left;
-        if (has_next && lane == kWarp - 1) bnd[i] = up[R - 1];
+        if (has_next && lane == kWarp - 1) {
+          bnd_out[i] = up[R - 1];
+          if ((i + 1) % kWarp == 0 || i + 1 == p.qn) handoff.publish(tile, i + 1);
+        }
       }
       last = up[R - 1];
     }
@@ -344,7 +390,19 @@ __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, con
       best = max_nan(best, other);
     }
   }
-  if (lane == 0) {
+  best_out = best;
+  best_at_out = best_at;
+}
+
+// One warp, all the tiles of one pair.
+template <typename A, int R, bool SOFT, bool STORE, class Source>
+__device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, const Outputs<A>& out,
+                             int64_t M, int64_t N) {
+  A best;
+  int64_t best_at;
+  const InPlace<A> handoff{out.boundary ? out.boundary + p.b * M : nullptr};
+  forward_tiles<A, R, SOFT, STORE>(p, src, k, out, M, N, handoff, 0, 1, best, best_at);
+  if (threadIdx.x % kWarp == 0) {
     out.scores[p.b] = best;
     if (STORE) out.best_at[p.b] = best_at;
   }
@@ -375,6 +433,50 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   src.matrix = shared_matrix;
   const Pair p{b, qlen ? qlen[b] : src.M, tlen ? tlen[b] : src.N};
   forward_pair<float, R, SOFT, false>(p, src, k, out, src.M, src.N);
+}
+
+// Codes, 4 columns per lane, in blocks of kRelayWarps warps. The first `coop` blocks each take one of
+// the longest pairs (they come first in `order`) and share its tiles through a Relay, so that a long
+// pair no longer sets the time of the whole batch; the other blocks give one warp to each pair.
+constexpr int kRelayWarps = 8;
+
+template <bool SOFT>
+__global__ void __launch_bounds__(kWarp* kRelayWarps)
+    forward_codes_relay_kernel(Codes<4> src, const float* matrix, Consts<float> k, Outputs<float> out,
+                               float* relay, const int64_t* qlen, const int64_t* tlen, const int64_t* order,
+                               int64_t B, const int64_t* coop_count) {
+  extern __shared__ float shared_matrix[];
+  __shared__ int done[kRelayWarps];
+  __shared__ float warp_best[kRelayWarps];
+  for (int x = threadIdx.x; x < src.K * src.K; x += blockDim.x) shared_matrix[x] = matrix[x];
+  if (threadIdx.x < kRelayWarps) done[threadIdx.x] = 0;
+  __syncthreads();
+  src.matrix = shared_matrix;
+  const int warp = threadIdx.x / kWarp;
+  const int64_t coop = *coop_count;
+  float best;
+  int64_t unused;
+  if (blockIdx.x < coop) {  // the same for the whole block
+    const int64_t b = order[blockIdx.x];
+    const Pair p{b, qlen[b], tlen[b]};
+    const Relay<float, kRelayWarps> handoff{relay + int64_t(blockIdx.x) * (kRelayWarps + 1) * src.M, src.M, p.qn,
+                                            done};
+    forward_tiles<float, 4, SOFT, false>(p, src, k, out, src.M, src.N, handoff, warp, kRelayWarps, best, unused);
+    if (threadIdx.x % kWarp == 0) warp_best[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < kRelayWarps; ++w) best = max_nan(best, warp_best[w]);
+      out.scores[b] = best;
+    }
+    return;
+  }
+  const int64_t slot = coop + (int64_t(blockIdx.x) - coop) * kRelayWarps + warp;
+  if (slot >= B) return;
+  const int64_t b = order[slot];
+  const Pair p{b, qlen[b], tlen[b]};
+  const InPlace<float> handoff{out.boundary ? out.boundary + b * src.M : nullptr};
+  forward_tiles<float, 4, SOFT, false>(p, src, k, out, src.M, src.N, handoff, 0, 1, best, unused);
+  if (threadIdx.x % kWarp == 0) out.scores[b] = best;
 }
 
 template <int R, bool SOFT, bool STORE>
@@ -609,9 +711,11 @@ cudaError_t sw_cuda_forward_f64(const Problem& pr, const double* S, double* scor
                : launch_dense<double, 4, false>(pr, S, scores, table, best_at, boundary, gap, t, stream);
 }
 
+int sw_cuda_relay_warps() { return kRelayWarps; }
+
 cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const uint8_t* target,
                                   const float* matrix, int K, float* scores, float* boundary, double gap,
-                                  double t, int lane_columns, cudaStream_t stream) {
+                                  double t, int lane_columns, cudaStream_t stream, const Relaying* relaying) {
   if (pr.B == 0) return cudaSuccess;
   const Consts<float> k = consts<float>(gap, t);
   const Outputs<float> out{scores, nullptr, nullptr, boundary};
@@ -628,6 +732,22 @@ cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const
   };
   if (lane_columns == 1)
     return t > 0 ? go(forward_codes_kernel<1, true>, Codes<1>{}) : go(forward_codes_kernel<1, false>, Codes<1>{});
+  if (relaying) {
+    auto relay = [&](auto kernel) {
+      if (smem > 48 * 1024 - 64) {
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        if (err != cudaSuccess) return err;
+      }
+      Codes<4> src{};
+      src.query = query, src.target = target, src.M = pr.M, src.N = pr.N, src.K = K;
+      // at most max_coop blocks relay; the rest hold kRelayWarps pairs each
+      const int64_t grid = relaying->max_coop + (pr.B + kRelayWarps - 1) / kRelayWarps;
+      kernel<<<unsigned(grid), kWarp * kRelayWarps, smem, stream>>>(
+          src, matrix, k, out, relaying->relay, pr.qlen, pr.tlen, pr.order, pr.B, relaying->coop_count);
+      return cudaGetLastError();
+    };
+    return t > 0 ? relay(forward_codes_relay_kernel<true>) : relay(forward_codes_relay_kernel<false>);
+  }
   return t > 0 ? go(forward_codes_kernel<4, true>, Codes<4>{}) : go(forward_codes_kernel<4, false>, Codes<4>{});
 }
 

@@ -24,10 +24,20 @@ cudaError_t sw_cuda_forward_f32(const Problem& pr, const float* S, float* scores
 cudaError_t sw_cuda_forward_f64(const Problem& pr, const double* S, double* scores, double* table,
                                 int64_t* best_at, double* boundary, double gap, double t, int lane_columns,
                                 cudaStream_t stream);
-// Scores (B,) of uint8 code pairs (B, M), (B, N) looked up in a K x K float32 matrix.
+// For 4 columns per lane with lengths: the longest pairs (first in pr.order) get a block of
+// sw_cuda_relay_warps() warps each, which share the pair's tiles through relay buffers.
+struct Relaying {
+  const int64_t* coop_count;  // on the device: how many of the first pairs in pr.order get a block
+  int64_t max_coop;           // an upper bound of *coop_count, known on the host
+  float* relay;               // (max_coop, sw_cuda_relay_warps() + 1, M)
+};
+int sw_cuda_relay_warps();
+
+// Scores (B,) of uint8 code pairs (B, M), (B, N) looked up in a K x K float32 matrix. relaying may be
+// null (then one warp per pair); it needs lengths and an order.
 cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const uint8_t* target,
                                   const float* matrix, int K, float* scores, float* boundary, double gap,
-                                  double t, int lane_columns, cudaStream_t stream);
+                                  double t, int lane_columns, cudaStream_t stream, const Relaying* relaying);
 // grad_S (B, M, N), zero on entry, from the table and best_at of the forward.
 cudaError_t sw_cuda_backward_f32(const Problem& pr, const float* grad_scores, const float* S,
                                  const float* table, const int64_t* best_at, float* grad_S, float* boundary,

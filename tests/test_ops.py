@@ -854,6 +854,28 @@ class TestCudaBackend:
         assert torch.equal(from_codes, ssw(dense.cuda(), -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda"))
 
     @pytest.mark.parametrize("t", [0.0, 1.0])
+    def test_long_pairs_share_a_block(self, t):
+        # 1100 pairs (4 columns per lane) of which the 30 longest, up to 1500 x 1500 (12 tiles), each get
+        # a block of warps that relay the pair's tiles (kernels/sw_cuda.cu, Relay). Each must score as
+        # the same pair alone does (one warp), and as Biopython at t = 0.
+        pairs = random_protein_pairs(seed=9660, count=1070, min_length=20, max_length=300)
+        pairs += related_protein_pairs(seed=9661, count=30, min_length=600, max_length=1500)
+        order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(9662)).tolist()
+        pairs = [pairs[k] for k in order]
+        query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
+        batch = soft_smith_waterman_codes(query, target, table, -4.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
+        long = [b for b, (q, _) in enumerate(pairs) if len(q) >= 600][:12]
+        assert len(long) == 12
+        for b in long + [0, 1]:
+            q, n = int(qlen[b]), int(tlen[b])
+            alone = soft_smith_waterman_codes(query[b:b + 1, :q], target[b:b + 1, :n], table, -4.0, t,
+                                              backend="cuda").item()
+            if t == 0:
+                assert batch[b].item() == alone == biopython_score(*pairs[b], -4.0)
+            else:
+                assert abs(batch[b].item() - alone) <= 1e-4 + 1e-6 * abs(alone), (b, batch[b].item(), alone)
+
+    @pytest.mark.parametrize("t", [0.0, 1.0])
     @pytest.mark.parametrize("B", [5, 1100], ids=["1-column-lanes", "4-column-lanes"])
     def test_codes_equal_dense_bit_for_bit(self, B, t):
         pairs = random_protein_pairs(seed=9700 + B, count=B, min_length=1, max_length=200)
