@@ -2,7 +2,7 @@
 # Build, test and benchmark the CUDA engine on the H200 machine (device tool); logs go to $OUT.
 #   tools/h200.sh STAGE...   with stages: build, test (the cuda-marked suite), gpu-all (every test on
 #   the GPU machine), bench, sanitize, e2e (swcli align on a 100k-pair FASTA), profile (ncu on the
-#   dense and codes kernels, and their SASS)
+#   seed, dense and real-pairs kernels, and their SASS), host (time per call on the host)
 # Needs .whl (biopython, from ../shared/tools/device-prep) and .bench/proteins.fasta, both carried.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -47,20 +47,16 @@ PY
         echo "$tool: exit $? ; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
       done ;;
     profile)
-      cat > /tmp/profile.py <<'PY'
-import torch, swcli
-from swcli.ops import soft_smith_waterman_codes
-S = torch.randn(8192, 256, 256, device="cuda")
-for t in (1.0, 0.0):
-    swcli.soft_smith_waterman(S, -1.0, t)
-q = torch.randint(0, 24, (4096, 400), dtype=torch.uint8, device="cuda")
-soft_smith_waterman_codes(q, q.flip(1), torch.randn(24, 24, device="cuda"), -4.0, 1.0)
-torch.cuda.synchronize()
-PY
-      timeout 240 ncu --clock-control none --set full -k regex:"forward|codes" -c 3 -o "$OUT/kernels" \
-        python3 /tmp/profile.py > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?"
+      timeout 240 ncu --clock-control none --set full -k regex:"forward|codes" -c 4 -o "$OUT/kernels" \
+        python3 tools/profile_workloads.py kernels > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?"
+      ncu --import "$OUT/kernels.ncu-rep" --page details --csv > "$OUT/ncu_details.csv" 2>/dev/null
+      ncu --import "$OUT/kernels.ncu-rep" --page raw --csv \
+        --metrics regex:smsp__pcsamp_warps_issue_stalled_.*,regex:smsp__average_warp.*,launch__.*,sm__throughput.*,dram__throughput.*,smsp__inst_executed.sum,sm__warps_active.* \
+        > "$OUT/ncu_raw.csv" 2>/dev/null
       so=$(ls /tmp/swcli-cache/swcli_cuda_*/*.so | head -1)
       cuobjdump --dump-sass "$so" > "$OUT/sass.txt" 2>&1; echo "sass: $(wc -l < "$OUT/sass.txt") lines" ;;
+    host)
+      python3 tools/profile_workloads.py host 2>&1 | tee "$OUT/host.txt" ;;
     e2e)
       python3 - <<'PY'
 import random

@@ -1,0 +1,82 @@
+"""Workloads for profiling the CUDA engine on the H200 (tools/h200.sh profile / host).
+
+  kernels: one call each of the dense 8192 x 256 x 256 forward (t = 1, 0), the seed (16 x 32 x 32) and
+           10,000 real-length pairs from codes, for ncu to capture.
+  host:    host time per call (no synchronisation inside the loop) of the op, the engine call and the
+           empty launch at the seed size: when the host is slower than the kernel, this is the rate.
+"""
+
+import sys
+import time
+
+import torch
+
+import swcli
+from swcli.bench import random_pairs
+from swcli.fasta import read_fasta
+from swcli.ops import soft_smith_waterman_codes
+from swcli.scoring import load_matrix
+
+
+def kernels() -> None:
+    S = torch.randn(8192, 256, 256, device="cuda")
+    for t in (1.0, 0.0):
+        swcli.soft_smith_waterman(S, -1.0, t)
+    swcli.soft_smith_waterman(torch.randn(16, 32, 32, device="cuda"), -1.0, 1.0)
+    from swcli.batching import make_batches
+
+    matrix = load_matrix("BLOSUM62")
+    pairs = random_pairs(list(read_fasta(".bench/proteins.fasta")), 10_000)
+    q = [matrix.encode(a.sequence, a.where) for a, _ in pairs]
+    t = [matrix.encode(b.sequence, b.where) for _, b in pairs]
+    (batch,) = make_batches(q, t, max_cells=1 << 62, device="cuda")
+    soft_smith_waterman_codes(batch.query_codes, batch.target_codes, matrix.tensor(device="cuda"), -4.0, 1.0,
+                              batch.query_lengths, batch.target_lengths, "cuda")
+    torch.cuda.synchronize()
+
+
+def host() -> None:
+    from swcli._build import cuda_engine
+
+    engine = cuda_engine()
+    S = torch.randn(16, 32, 32, device="cuda")
+    calls = {
+        "op soft_smith_waterman": lambda: swcli.soft_smith_waterman(S, -1.0, 1.0),
+        "engine.forward": lambda: engine.forward(S, None, None, -1.0, 1.0, False, 0),
+        "engine.empty_launch": lambda: engine.empty_launch(S),
+    }
+    for name, call in calls.items():
+        for _ in range(200):
+            call()
+        torch.cuda.synchronize()
+        n = 5000
+        started = time.perf_counter()
+        for _ in range(n):
+            call()
+        host_us = (time.perf_counter() - started) / n * 1e6
+        torch.cuda.synchronize()
+        total_us = (time.perf_counter() - started) / n * 1e6
+        print(f"{name:<24} host {host_us:6.1f} us/call, with the device drained {total_us:6.1f} us/call")
+    # kernel time alone, from one CUDA graph of 200 calls of the engine
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        engine.forward(S, None, None, -1.0, 1.0, False, 0)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(g):
+        for _ in range(200):
+            engine.forward(S, None, None, -1.0, 1.0, False, 0)
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        g.replay()
+    end.record()
+    end.synchronize()
+    print(f"graph replay: {start.elapsed_time(end) / 2000 * 1e3:.2f} us per seed call")
+
+
+if __name__ == "__main__":
+    {"kernels": kernels, "host": host}[sys.argv[1]]()
