@@ -79,6 +79,8 @@ struct Plan {
 
 Plan plan_for(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& qlen,
               const c10::optional<at::Tensor>& tlen, int64_t lane_columns, const at::TensorOptions& values) {
+  TORCH_CHECK(M < INT32_MAX && N < INT32_MAX, "the CUDA engine takes up to 2^31 - 2 rows and columns, got ", M,
+              " x ", N);
   Plan plan;
   plan.R = lane_columns_for(B, lane_columns);
   const int64_t tile = sw_cuda_tile_columns(plan.R);
@@ -113,7 +115,7 @@ std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::
   at::Tensor scores = at::empty({B}, S.options());
   at::Tensor table, best_at;
   if (keep_dp_table) {
-    table = at::empty({B, M, N}, S.options());
+    table = at::empty({B, M, sw_cuda_table_columns(N, R)}, S.options());
     best_at = at::empty({B}, S.options().dtype(at::kLong));
   }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -186,15 +188,16 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
   const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
-  TORCH_CHECK(table.sizes() == S.sizes() && table.scalar_type() == S.scalar_type() && table.is_contiguous() &&
-                  best_at.numel() == B,
-              "DP table does not match the score matrix");
   const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, S.options());
+  TORCH_CHECK(table.dim() == 3 && table.size(0) == B && table.size(1) == M &&
+                  table.size(2) == sw_cuda_table_columns(N, plan.R) && table.scalar_type() == S.scalar_type() &&
+                  table.is_contiguous() && best_at.numel() == B,
+              "DP table does not match the score matrix (it comes from forward with the same lane_columns)");
   const Problem& pr = plan.pr;
   const int R = plan.R;
   const at::Tensor& boundary = plan.boundary;
   const at::Tensor grad = grad_scores.to(S.scalar_type()).contiguous();
-  at::Tensor grad_S = at::zeros({B, M, N}, S.options());
+  at::Tensor grad_S = at::empty({B, M, N}, S.options());  // the kernel writes every element
   if (M == 0 || N == 0) return grad_S;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (S.scalar_type() == at::kFloat)

@@ -30,8 +30,6 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kPrefetchRows = 4;                  // rows the cp.async ring runs ahead of lane 0
-constexpr int kRingRows = kWarp + kPrefetchRows;  // lane 31 reads 31 rows behind lane 0
 
 // ---------------------------------------------------------------------------------------------------
 // Arithmetic: float uses the special function units, double the accurate library calls.
@@ -87,12 +85,14 @@ __device__ __forceinline__ A cell(A diag, A up, A left, const Consts<A>& k) {
 }
 
 // Rows of R values: one 16-byte access per lane where the row allows it (the DP table and the gradient
-// are fresh allocations, so only N decides), else one access per value.
+// are fresh allocations, so only N decides), else one access per value. The 16-byte accesses go through
+// the __stcg / __ldcg intrinsics: with a plain float4 store the compiler merged both branches into four
+// 4-byte stores.
 template <typename A, int R>
 __device__ __forceinline__ void store_row(A* dst, const A (&v)[R], int valid, bool vec) {
   if constexpr (R == 4 && sizeof(A) == 4) {
     if (vec && valid == R) {
-      *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+      __stcg(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
       return;
     }
   }
@@ -105,7 +105,7 @@ template <typename A, int R>
 __device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int valid, bool vec) {
   if constexpr (R == 4 && sizeof(A) == 4) {
     if (vec && valid == R) {
-      const float4 x = *reinterpret_cast<const float4*>(src);
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
       v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
       return;
     }
@@ -115,102 +115,62 @@ __device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int val
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Score sources: give lane k the R scores of its row i = s - k at step s.
+// Score sources: give lane k the R scores of its row i = s - k at step s. A source keeps kDepth rows
+// in flight in registers: fetch(d, i) starts the loads of row i into slot d, take(d, v) hands over
+// what that slot holds. The sweep unrolls its steps by kDepth and step s uses slot s % kDepth, so a
+// row is fetched kDepth steps before it is used and the slots are compile-time register indices.
+
+constexpr int kDepth = 4;
+constexpr int kBackDepth = 8;  // the backward's (below): its steps wait on more memory
 
 struct Pair {
-  int64_t b;    // pair index
-  int64_t qn;   // query length
-  int64_t tn;   // target length
+  int64_t b;  // pair index
+  int qn;     // query length
+  int tn;     // target length
 };
 
-// Dense S (B, M, N), contiguous, read straight from global memory; the next row's loads are issued one
-// step ahead. Used for float64 (the accuracy path, for gradcheck; float32 goes through the ring).
+// Dense S (B, M, N), contiguous, read straight from global memory. Lane k reads row i = s - k, 16 bytes
+// (float, 4 columns per lane) where rows allow it; the neighbouring lane reads the other half of the
+// sector a step later, from L1.
 template <typename A, int R>
 struct DenseDirect {
   const A* S;
   int64_t M, N;
-  const A* row0;  // S[b, 0, c] for this lane's first column c
-  A next[R];
-  int lane;
-  int64_t col;
+  const A* next;  // this lane's columns in the row of the next fetch (before the pair's rows: not read)
+  int qn;
+  int cols;  // this lane's columns inside the matrix: loads past N are skipped
+  bool vec;  // one 16-byte load per row
+  A slot[kDepth][R];
 
-  __device__ void begin_tile(const Pair& p, int lane_, int64_t col_) {
-    lane = lane_;
-    col = col_;
-    row0 = S + p.b * M * N + col;
-    load(p, 0, next);
+  __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
+    qn = p.qn;
+    const int64_t left = N - col;
+    cols = left >= R ? R : (left > 0 ? int(left) : 0);
+    vec = sizeof(A) == 4 && R == 4 && N % 4 == 0 && reinterpret_cast<uintptr_t>(S) % 16 == 0;
+    next = S + p.b * M * N + col - int64_t(lane) * N;  // row -lane, fetched at step 0
   }
-  __device__ __forceinline__ void load(const Pair& p, int s, A (&v)[R]) {
-    const int64_t i = int64_t(s) - lane;
-    const bool ok = i >= 0 && i < p.qn;
-#pragma unroll
-    for (int r = 0; r < R; ++r) v[r] = (ok && col + r < N) ? __ldg(row0 + i * N + r) : A(0);
-  }
-  __device__ __forceinline__ void row(const Pair& p, int s, A (&v)[R]) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) v[r] = next[r];
-    load(p, s + 1, next);
-  }
-};
-
-// Dense float32 S through a per-warp ring of kRingRows x 32 lanes x R floats in shared memory, filled
-// kPrefetchRows rows ahead of lane 0 by cp.async (no registers held, no stall until the data is used).
-// Each lane copies and later reads only its own R floats per row, so cp.async.wait_group is the only
-// synchronisation needed.
-template <int R>
-struct DenseRing {
-  static_assert(R == 1 || R == 4, "R is 1 or 4");
-  typedef typename std::conditional<R == 4, float4, float>::type Chunk;
-  const float* S;
-  int64_t M, N;
-  Chunk* ring;  // this warp's ring: ring[row % kRingRows][lane]
-  const float* row0;
-  bool aligned;
-  int lane;
-  int64_t col;
-  int write_slot, read_slot;
-
-  __device__ __forceinline__ void issue(const Pair& p, int64_t i) {
-    if (i < p.qn) {
-      const float* src = row0 + i * N;
-      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(ring + write_slot * kWarp + lane));
-      if (R == 4 && aligned) {
-        const int bytes = col < N ? 16 : 0;  // zero-fill past the matrix
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(bytes ? src : S),
-                     "r"(bytes));
-      } else {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const int bytes = col + r < N ? 4 : 0;
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d + 4 * r),
-                       "l"(bytes ? src + r : S), "r"(bytes));
-        }
+  __device__ __forceinline__ void fetch(int d, int i) {
+    const bool ok = unsigned(i) < unsigned(qn);
+    if constexpr (sizeof(A) == 4 && R == 4) {
+      if (vec) {
+        const float4 x = ok && cols ? __ldg(reinterpret_cast<const float4*>(next)) : make_float4(0, 0, 0, 0);
+        slot[d][0] = x.x, slot[d][1] = x.y, slot[d][2] = x.z, slot[d][3] = x.w;
+        next += N;
+        return;
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::);
-    write_slot = write_slot + 1 == kRingRows ? 0 : write_slot + 1;
-  }
-  __device__ void begin_tile(const Pair& p, int lane_, int64_t col_) {
-    lane = lane_;
-    col = col_;
-    row0 = S + p.b * M * N + col;
-    aligned = (N % 4 == 0) && (reinterpret_cast<uintptr_t>(S) % 16 == 0);
-    write_slot = 0;
-    read_slot = (kRingRows - lane) % kRingRows;  // row -lane, which lane k reads at step 0
-    __syncwarp();                                // the last tile's reads are done before refilling
-    for (int i = 0; i < kPrefetchRows; ++i) issue(p, i);
-  }
-  __device__ __forceinline__ void row(const Pair& p, int s, float (&v)[R]) {
-    issue(p, int64_t(s) + kPrefetchRows);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPrefetchRows));
-    const float* x = reinterpret_cast<const float*>(ring + read_slot * kWarp + lane);
 #pragma unroll
-    for (int r = 0; r < R; ++r) v[r] = x[r];
-    read_slot = read_slot + 1 == kRingRows ? 0 : read_slot + 1;
+    for (int r = 0; r < R; ++r) slot[d][r] = ok && r < cols ? __ldg(next + r) : A(0);
+    next += N;
+  }
+  __device__ __forceinline__ void take(int d, A (&v)[R]) const {
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] = slot[d][r];
   }
 };
 
-// Scores looked up from uint8 codes in a K x K float32 matrix held in shared memory.
+// Scores looked up from uint8 codes in a K x K float32 matrix held in shared memory: the query codes
+// are fetched ahead, the lookups happen at the step that uses them.
 template <int R>
 struct Codes {
   const uint8_t* query;   // (B, M)
@@ -218,37 +178,78 @@ struct Codes {
   int64_t M, N;
   const float* matrix;  // shared memory, K x K
   int K;
-  int offs[R];  // this lane's target codes
-  const uint8_t* q;
-  int next_row;  // K * (code of the next row)
-  int lane;
+  int offs[R];          // this lane's target codes
+  const uint8_t* next;  // the query code of the next fetch (before the pair's codes: not read)
+  int qn;
+  int row[kDepth];  // K * (query code) of the fetched rows
 
-  __device__ void begin_tile(const Pair& p, int lane_, int64_t col) {
-    lane = lane_;
+  __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
+    qn = p.qn;
 #pragma unroll
     for (int r = 0; r < R; ++r) offs[r] = col + r < N ? target[p.b * N + col + r] : 0;
-    q = query + p.b * M;
-    next_row = load(p, 0);
+    next = query + p.b * M - lane;
   }
-  __device__ __forceinline__ int load(const Pair& p, int s) const {
-    const int64_t i = int64_t(s) - lane;
-    return (i >= 0 && i < p.qn) ? K * int(__ldg(q + i)) : 0;
+  __device__ __forceinline__ void fetch(int d, int i) {
+    row[d] = unsigned(i) < unsigned(qn) ? K * int(__ldg(next)) : 0;
+    ++next;
   }
-  __device__ __forceinline__ void row(const Pair& p, int s, float (&v)[R]) {
-    const float* m = matrix + next_row;
+  __device__ __forceinline__ void take(int d, float (&v)[R]) const {
+    const float* m = matrix + row[d];
 #pragma unroll
     for (int r = 0; r < R; ++r) v[r] = m[offs[r]];
-    next_row = load(p, s + 1);
   }
 };
 
 // ---------------------------------------------------------------------------------------------------
 // The forward sweep of one warp over one pair.
 
+// The DP table the forward keeps for the backward, in wavefront order. In each column tile, the R
+// values of lane k in row i sit in row (i + k) mod M of the tile: the 32 lanes of a forward step (rows
+// s - k) write one contiguous row of the tile, and so do the backward's lanes read one. A tile holds M
+// rows of its width (32 R columns, the last one what is left of N rounded up to R), so a pair takes
+// M x (N rounded up to R) values: one per DP cell, plus at most R - 1 columns.
+__host__ __device__ inline int64_t table_columns(int64_t N, int R) { return (N + R - 1) / R * R; }
+
+template <typename A, int R>
+struct Skewed {
+  A* pair;  // this pair's table
+  int M;
+  int64_t cols;
+  // Lane `lane`'s R values in row `row` (in [0, M)) of the tile.
+  __device__ __forceinline__ A* at(int tile, int row, int lane) const {
+    constexpr int kTileCols = kWarp * R;
+    const int64_t c0 = int64_t(tile) * kTileCols;
+    const int width = cols - c0 < kTileCols ? int(cols - c0) : kTileCols;
+    int u = row + lane;
+    while (u >= M) u -= M;  // once at most, unless M < 32
+    return pair + M * c0 + int64_t(u) * width + lane * R;
+  }
+  // A lane's walk through consecutive rows of a tile, up (step -1) or down (+1), wrapping around.
+  struct Cursor {
+    A* at;
+    A* first;  // row 0's
+    int64_t stride, span;  // one row, all M rows
+    __device__ __forceinline__ void step(int direction) {
+      if (direction > 0) {
+        at += stride;
+        if (at >= first + span) at -= span;
+      } else {
+        at = at == first ? at + span - stride : at - stride;
+      }
+    }
+  };
+  __device__ __forceinline__ Cursor cursor(int tile, int row, int lane) const {
+    constexpr int kTileCols = kWarp * R;
+    const int64_t c0 = int64_t(tile) * kTileCols;
+    const int width = cols - c0 < kTileCols ? int(cols - c0) : kTileCols;
+    return Cursor{at(tile, row, lane), pair + M * c0 + lane * R, width, int64_t(M) * width};
+  }
+};
+
 template <typename A>
 struct Outputs {
   A* scores;          // (B,)
-  A* table;           // (B, M, N) H without its zero border, or null when no backward follows
+  A* table;           // (B, M, table_columns(N, R)) H in wavefront order (Skewed), or null
   int64_t* best_at;   // (B,) row-major index i*N + j of the first maximal cell, -1 for the border
   A* boundary;        // (B, M) H of the last column of a tile, for the next tile; null if one tile
 };
@@ -292,84 +293,105 @@ struct Relay {
 
 // The sweep of one warp over tiles first_tile, first_tile + stride, ... of one pair. Returns, in every
 // lane, the best cell value and (with STORE) its row-major position, -1 for the zero border.
+//
+// Each lane keeps, for its R columns, H of the previous row and H + gap: a cell's H + gap is both the
+// insert term of its right neighbour and the delete term of the cell below, added once. Steps run in
+// blocks of 32: at the start of a block the warp loads the next 32 rows of the tile's left boundary
+// (lane j: row s0 + 32 + j), and lane 0 takes its value of step s by shuffle, so no load latency lies
+// on the wavefront. In the first tile the boundary is the zero border.
 template <typename A, int R, bool SOFT, bool STORE, class Source, class Handoff>
 __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, const Outputs<A>& out, int64_t M,
-                              int64_t N, const Handoff& handoff, int64_t first_tile, int64_t stride, A& best_out,
+                              int64_t N, const Handoff& handoff, int first_tile, int stride, A& best_out,
                               int64_t& best_at_out) {
+  static_assert(kWarp % kDepth == 0, "a block of 32 steps holds whole groups of kDepth steps");
   const int lane = threadIdx.x % kWarp;
   constexpr int kTileCols = kWarp * R;
   A best = A(0);
   int64_t best_at = -1;
-  const int64_t tiles = (p.tn + kTileCols - 1) / kTileCols;
-  for (int64_t tile = first_tile; tile < tiles; tile += stride) {
-    const int64_t c0 = tile * kTileCols, col = c0 + int64_t(lane) * R;
-    const int64_t width = p.tn - c0 < kTileCols ? p.tn - c0 : kTileCols;
-    const int lanes = int((width + R - 1) / R);
-    const int valid = p.tn - col >= R ? R : (p.tn - col > 0 ? int(p.tn - col) : 0);
-    const bool has_next = tile + 1 < tiles;
+  const int tiles = (p.tn + kTileCols - 1) / kTileCols;
+  const int64_t cols = table_columns(N, R);
+  const Skewed<A, R> table{STORE ? out.table + p.b * M * cols : nullptr, int(M), cols};
+  for (int tile = first_tile; tile < tiles; tile += stride) {
+    const int c0 = tile * kTileCols, col = c0 + lane * R;
+    const int width = p.tn - c0 < kTileCols ? p.tn - c0 : kTileCols;
+    const int lanes = (width + R - 1) / R;
+    const int valid = p.tn - col >= R ? R : (p.tn - col > 0 ? p.tn - col : 0);
+    const bool active = lane < lanes, has_next = tile + 1 < tiles;
     src.begin_tile(p, lane, col);
-    A up[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) up[r] = A(0);
+    for (int d = 0; d < kDepth; ++d) src.fetch(d, d - lane);
+    // With STORE, where this lane's row of step s goes: row s mod M of the tile (row s - lane of the
+    // pair), the same row of the tile for the whole warp. It moves one row down per step.
+    typename Skewed<A, R>::Cursor row_out{};
+    if (STORE) {
+      row_out = table.cursor(tile, 0, lane);
+      row_out.at = row_out.first;  // step 0
+    }
+    A up[R], up_gap[R];  // H[i-1][col + r], and that + gap
+#pragma unroll
+    for (int r = 0; r < R; ++r) up[r] = A(0), up_gap[r] = k.gap;
     A left_above = A(0);  // H[i-1][col-1]
     A last = A(0);        // H[i][col+R-1], handed to lane+1
-    // Lane 0 needs bnd[s] at step s. The warp loads the buffer 32 rows at a time, a chunk ahead (lane
-    // k holds row chunk + k), and lane 0 takes its value by shuffle: no load latency on the wavefront.
-    // Lane 31 overwrites row s - 31 at step s, long after it was read.
     const A* const bnd_in = tile > 0 ? handoff.source(tile) : nullptr;
     A* const bnd_out = has_next ? handoff.sink(tile) : nullptr;
     A chunk = A(0), chunk_next = A(0);
     if (tile > 0) {
-      handoff.wait(tile, p.qn < 2 * kWarp ? p.qn : 2 * kWarp);
-      chunk = lane < p.qn ? bnd_in[lane] : A(0);
-      chunk_next = kWarp + lane < p.qn ? bnd_in[kWarp + lane] : A(0);
+      handoff.wait(tile, p.qn < kWarp ? p.qn : kWarp);
+      chunk_next = lane < p.qn ? bnd_in[lane] : A(0);
     }
-    const int steps = int(p.qn) + lanes - 1;
-    for (int s = 0; s < steps; ++s) {
-      const int64_t i = int64_t(s) - lane;
-      A left = __shfl_up_sync(kFull, last, 1);
+    const int steps = p.qn + lanes - 1;
+    for (int s0 = 0; s0 < steps; s0 += kWarp) {
       if (tile > 0) {  // the same for the whole warp
-        if (s % kWarp == 0 && s > 0) {
-          chunk = chunk_next;
-          const int64_t ahead = int64_t(s) + kWarp + lane;
-          handoff.wait(tile, p.qn < int64_t(s) + 2 * kWarp ? p.qn : int64_t(s) + 2 * kWarp);
-          chunk_next = ahead < p.qn ? bnd_in[ahead] : A(0);
-        }
-        const A from_buffer = __shfl_sync(kFull, chunk, s % kWarp);
-        if (lane == 0) left = from_buffer;
-      } else if (lane == 0) {
-        left = A(0);
+        chunk = chunk_next;
+        const int ahead = s0 + kWarp + lane;
+        handoff.wait(tile, p.qn < s0 + 2 * kWarp ? p.qn : s0 + 2 * kWarp);
+        chunk_next = ahead < p.qn ? bnd_in[ahead] : A(0);
       }
-      A v[R];
-      src.row(p, s, v);
-      if (i >= 0 && i < p.qn && lane < lanes) {
-        A diag = left_above, h = left;
+      // Steps past `steps` (at most kDepth - 1) compute nothing: every active lane is past its rows.
+      for (int j = 0; j < kWarp && s0 + j < steps; j += kDepth) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const A above = up[r];
-          h = cell<A, SOFT>(diag + v[r], above + k.gap, h + k.gap, k);
-          up[r] = h;
-          diag = above;
-          if (r < valid) {
-            if (STORE) {
-              // Tiles run one after another, so compare positions: the first in row-major wins.
-              const int64_t at = i * N + col + r;
-              const bool take = h != h ? (best == best || at < best_at)
-                                       : (h > best || (h == best && best_at >= 0 && at < best_at));
-              if (take) best = h, best_at = at;
-            } else {
-              best = max_nan(best, h);
+        for (int d = 0; d < kDepth; ++d) {
+          const int i = s0 + j + d - lane;
+          A left = __shfl_up_sync(kFull, last, 1);
+          const A from_boundary = __shfl_sync(kFull, chunk, j + d);
+          if (lane == 0) left = from_boundary;
+          A v[R];
+          src.take(d, v);
+          if (active && unsigned(i) < unsigned(p.qn)) {
+            A diag = left_above, left_gap = left + k.gap;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              const A h = cell<A, SOFT>(diag + v[r], up_gap[r], left_gap, k);
+              diag = up[r];
+              up[r] = h;
+              left_gap = h + k.gap;
+              up_gap[r] = left_gap;
+              if (r < valid) {
+                if (STORE) {
+                  // Tiles run one after another, so compare positions: the first in row-major wins.
+                  const int64_t at = int64_t(i) * N + col + r;
+                  const bool take = h != h ? (best == best || at < best_at)
+                                           : (h > best || (h == best && best_at >= 0 && at < best_at));
+                  if (take) best = h, best_at = at;
+                } else {
+                  best = max_nan(best, h);
+                }
+              }
+            }
+            if (STORE) store_row<A, R>(row_out.at, up, valid, true);  // 16-byte aligned
+            left_above = left;
+            if (has_next && lane == kWarp - 1) {
+              bnd_out[i] = up[R - 1];
+              if ((i + 1) % kWarp == 0 || i + 1 == p.qn) handoff.publish(tile, i + 1);
             }
           }
-        }
-        if (STORE) store_row<A, R>(out.table + (p.b * M + i) * N + col, up, valid, N % 4 == 0);
-        left_above = left;
-        if (has_next && lane == kWarp - 1) {
-          bnd_out[i] = up[R - 1];
-          if ((i + 1) % kWarp == 0 || i + 1 == p.qn) handoff.publish(tile, i + 1);
+          last = up[R - 1];
+          if (STORE) row_out.step(+1);
+          // Refill the slot only now that its values are used: the load can then land in the same
+          // registers, and the loop carries no copy of a value still in flight.
+          src.fetch(d, i + kDepth);
         }
       }
-      last = up[R - 1];
     }
     __syncwarp();  // lane 31's boundary writes are visible to lane 0 in the next tile
   }
@@ -415,7 +437,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;  // a whole warp leaves together
   const int64_t b = order ? order[slot] : slot;
-  const Pair p{b, qlen ? qlen[b] : M, tlen ? tlen[b] : N};
+  const Pair p{b, int(qlen ? qlen[b] : M), int(tlen ? tlen[b] : N)};
   forward_pair<A, R, SOFT, STORE>(p, src, k, out, M, N);
 }
 
@@ -431,7 +453,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   if (slot >= B) return;
   const int64_t b = order ? order[slot] : slot;
   src.matrix = shared_matrix;
-  const Pair p{b, qlen ? qlen[b] : src.M, tlen ? tlen[b] : src.N};
+  const Pair p{b, int(qlen ? qlen[b] : src.M), int(tlen ? tlen[b] : src.N)};
   forward_pair<float, R, SOFT, false>(p, src, k, out, src.M, src.N);
 }
 
@@ -458,7 +480,7 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps)
   int64_t unused;
   if (blockIdx.x < coop) {  // the same for the whole block
     const int64_t b = order[blockIdx.x];
-    const Pair p{b, qlen[b], tlen[b]};
+    const Pair p{b, int(qlen[b]), int(tlen[b])};
     const Relay<float, kRelayWarps> handoff{relay + int64_t(blockIdx.x) * (kRelayWarps + 1) * src.M, src.M, p.qn,
                                             done};
     forward_tiles<float, 4, SOFT, false>(p, src, k, out, src.M, src.N, handoff, warp, kRelayWarps, best, unused);
@@ -473,24 +495,10 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps)
   const int64_t slot = coop + (int64_t(blockIdx.x) - coop) * kRelayWarps + warp;
   if (slot >= B) return;
   const int64_t b = order[slot];
-  const Pair p{b, qlen[b], tlen[b]};
+  const Pair p{b, int(qlen[b]), int(tlen[b])};
   const InPlace<float> handoff{out.boundary ? out.boundary + b * src.M : nullptr};
   forward_tiles<float, 4, SOFT, false>(p, src, k, out, src.M, src.N, handoff, 0, 1, best, unused);
   if (threadIdx.x % kWarp == 0) out.scores[b] = best;
-}
-
-template <int R, bool SOFT, bool STORE>
-__global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
-    forward_ring_kernel(DenseRing<R> src, Consts<float> k, Outputs<float> out, const int64_t* qlen,
-                        const int64_t* tlen, const int64_t* order, int64_t B) {
-  extern __shared__ float4 ring_memory[];
-  const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (slot >= B) return;
-  const int64_t b = order ? order[slot] : slot;
-  src.ring = reinterpret_cast<typename DenseRing<R>::Chunk*>(ring_memory) + (threadIdx.x / kWarp) * kRingRows * kWarp;
-  const Pair p{b, qlen ? qlen[b] : src.M, tlen ? tlen[b] : src.N};
-  forward_pair<float, R, SOFT, STORE>(p, src, k, out, src.M, src.N);
-  asm volatile("cp.async.wait_all;\n" ::);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -499,6 +507,59 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
 // maximal term in the reference's order zero, match, delete, insert (t = 0). Lane k owns the same
 // columns as in the forward; the rightmost lane starts at the last row, and the flow into the column
 // left of a lane's strip goes to lane k-1 by shuffle, or across tiles through the per-pair buffer.
+
+// The rows a lane of the backward reads, kBackDepth - 1 steps ahead: the slot of the step that handles
+// row i holds H[i-1][col-1 .. col+R-1] (zero outside rows [0, rows) and on the border) and, at t = 0,
+// S[i][col .. col+R-1]. The step reads its own slot (the row above) and the previous step's (its own
+// row), then refills the previous step's slot: no value moves between registers. H comes from the
+// wavefront-ordered table, where the lanes of a step read one contiguous row; the column left of the
+// strip is the left neighbour's last value (for lane 0, lane 31's of the tile before).
+
+template <typename A, int R, bool SOFT>
+struct BackwardRows {
+  static_assert(kWarp % kBackDepth == 0, "a block of 32 steps holds whole groups of kBackDepth steps");
+  Skewed<const A, R> H;
+  const A* S;  // this pair's scores (t = 0 only)
+  int64_t N;
+  int rows, col, valid;
+  bool has_left;  // a column left of the strip (not the zero border)
+  // This lane's R values and its left neighbour's (lane 31's of the tile before, for lane 0) in the
+  // row of the next fetch; fetches go up one row at a time.
+  typename Skewed<const A, R>::Cursor mine, left;
+
+  A h[kBackDepth][R + 1];
+  A s[kBackDepth][R];
+
+  // Where the fetches of a tile start: the row above `first_row`.
+  __device__ void begin_tile(int tile, int lane, int first_row) {
+    const int above = first_row - 1 < 0 ? 0 : first_row - 1;  // below row 0 nothing is read
+    mine = H.cursor(tile, above, lane);
+    has_left = lane > 0 || tile > 0;
+    left = lane > 0 ? H.cursor(tile, above, lane - 1) : H.cursor(tile > 0 ? tile - 1 : 0, above, kWarp - 1);
+    if (first_row - 1 < 0) mine.step(-1), left.step(-1);
+  }
+  // Slot d for the step that handles row i: the row after the previous fetch's.
+  __device__ __forceinline__ void fetch(int d, int i) {
+    const int above = i - 1;
+    if (unsigned(above) < unsigned(rows)) {
+      h[d][0] = has_left ? __ldg(left.at + R - 1) : A(0);
+      A v[R];
+      load_row_values<A, R>(mine.at, v, valid, true);  // 16-byte aligned
+#pragma unroll
+      for (int r = 0; r < R; ++r) h[d][r + 1] = v[r];
+    } else {
+#pragma unroll
+      for (int r = 0; r <= R; ++r) h[d][r] = A(0);
+    }
+    if (!SOFT) {
+      const bool ok = unsigned(i) < unsigned(rows);
+#pragma unroll
+      for (int r = 0; r < R; ++r) s[d][r] = ok && r < valid ? __ldg(S + int64_t(i) * N + col + r) : A(0);
+    }
+    mine.step(-1);
+    left.step(-1);
+  }
+};
 
 template <typename A, int R, bool SOFT>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
@@ -509,123 +570,107 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   if (slot >= B) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t b = order ? order[slot] : slot;
-  const int64_t qn = qlen ? qlen[b] : M, tn = tlen ? tlen[b] : N;
+  const int qn = int(qlen ? qlen[b] : M), tn = int(tlen ? tlen[b] : N);
   const int64_t arg = best_at[b];
   const A grad = grad_scores[b];
-  if (arg < 0 || qn == 0 || tn == 0) return;  // the score is the zero border: no gradient
-  const int64_t arg_i = arg / N, arg_j = arg % N;
   constexpr int kTileCols = kWarp * R;
-  const A* Hb = table + b * M * N;
-  const A* Sb = S + b * M * N;
   A* Gb = grad_S + b * M * N;
+  // grad_S comes uninitialised: first zero what the sweep below does not write, rows past the best
+  // cell's and columns past its tile (all of the pair when the score is the zero border).
+  const bool border = arg < 0 || qn == 0 || tn == 0;
+  const int rows_swept = border ? 0 : int(arg / N) + 1;
+  const int cols_swept = border ? 0 : min(tn, int(arg % N) / kTileCols * kTileCols + kTileCols);
+  for (int i = 0; i < M; ++i)
+    for (int j = (i < rows_swept ? cols_swept : 0) + lane; j < N; j += kWarp) Gb[int64_t(i) * N + j] = A(0);
+  if (border) return;  // the score is the zero border: no gradient
+  const int arg_i = int(arg / N), arg_j = int(arg % N);
   A* bnd = boundary ? boundary + b * M : nullptr;
+  BackwardRows<A, R, SOFT> src;
+  const int64_t cols = table_columns(N, R);
+  src.H = Skewed<const A, R>{table + b * M * cols, int(M), cols};
+  src.S = S + b * M * N, src.N = N;
   // Nothing flows right of the best cell's column or below its row.
-  const int64_t last_tile = arg_j / kTileCols;
-  for (int64_t tile = last_tile; tile >= 0; --tile) {
-    const int64_t c0 = tile * kTileCols, col = c0 + int64_t(lane) * R;
-    const int64_t width = tn - c0 < kTileCols ? tn - c0 : kTileCols;
-    const int lanes = int((width + R - 1) / R);
-    const int valid = tn - col >= R ? R : (tn - col > 0 ? int(tn - col) : 0);
-    const int rank = lanes - 1 - lane;  // 0 for the rightmost lane, which leads
+  const int last_tile = arg_j / kTileCols, rows = arg_i + 1;
+  src.rows = rows;
+  for (int tile = last_tile; tile >= 0; --tile) {
+    const int c0 = tile * kTileCols, col = c0 + lane * R;
+    const int width = tn - c0 < kTileCols ? tn - c0 : kTileCols;
+    const int lanes = (width + R - 1) / R;
+    const int valid = tn - col >= R ? R : (tn - col > 0 ? tn - col : 0);
+    const int rank = lanes - 1 - lane;  // 0 for the rightmost lane, which leads; < 0: no columns here
     const bool from_right = tile < last_tile;
-    const int arg_r = (arg_j >= col && arg_j < col + R) ? int(arg_j - col) : -1;
+    const int arg_r = (arg_j >= col && arg_j < col + R) ? arg_j - col : -1;
+    src.col = col, src.valid = valid;
+    // Lane k handles row i = rows - 1 - (s - rank) at step s; step s uses slot s % kBackDepth. The
+    // slots start with steps -1 .. kBackDepth - 2 (step -1's row above is the row of step 0), fetched
+    // in that order, one row up each.
+    src.begin_tile(tile, lane, rows + rank);  // the row of step -1
+    src.fetch(kBackDepth - 1, rows + rank);
+#pragma unroll
+    for (int d = 0; d < kBackDepth - 1; ++d) src.fetch(d, rows - 1 - (d - rank));
     A carry_up[R], carry_diag[R];  // E(i+1, c) w_up(i+1, c) and E(i+1, c) w_diag(i+1, c)
 #pragma unroll
     for (int r = 0; r < R; ++r) carry_up[r] = carry_diag[r] = A(0);
     A flow_out = A(0);  // flow into (i, col-1), handed to lane-1
-    const int64_t rows = arg_i + 1;
-    // H of row i with the column left of the strip: h[r] = H[i][col - 1 + r], zero on the border.
-    const bool vec = N % 4 == 0;
-    auto load_row = [&](int64_t i, A (&h)[R + 1]) {
-      A v[R];
-      if (i >= 0 && i < rows) {
-        h[0] = col > 0 ? Hb[i * N + col - 1] : A(0);
-        load_row_values<A, R>(Hb + i * N + col, v, valid, vec);
-      } else {
-        h[0] = A(0);
-#pragma unroll
-        for (int r = 0; r < R; ++r) v[r] = A(0);
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) h[r + 1] = v[r];
-    };
-    auto load_scores = [&](int64_t i, A (&v)[R]) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) v[r] = (!SOFT && i >= 0 && i < rows && r < valid) ? Sb[i * N + col + r] : A(0);
-    };
-    // Rows come two steps ahead of their use (cur: row i, above: row i-1, then i-2 and i-3 in flight).
-    const int64_t first = rows - 1;  // this lane's first row, at step `rank`
-    A cur[R + 1], above[R + 1], ahead1[R + 1], ahead2[R + 1], s_cur[R], s_ahead1[R], s_ahead2[R];
-    load_row(first, cur);
-    load_row(first - 1, above);
-    load_row(first - 2, ahead1);
-    load_row(first - 3, ahead2);
-    load_scores(first, s_cur);
-    load_scores(first - 1, s_ahead1);
-    load_scores(first - 2, s_ahead2);
-    // The rightmost lane takes the flow from the tile to its right out of bnd, 32 rows per load.
+    // The rightmost lane takes the flow from the tile to its right out of bnd, a block of 32 rows per
+    // load, one block ahead (lane j: the row of step s0 + 32 + j).
     A chunk = A(0), chunk_next = A(0);
-    if (from_right) {
-      chunk = rows - 1 - lane >= 0 ? bnd[rows - 1 - lane] : A(0);
-      chunk_next = rows - 1 - kWarp - lane >= 0 ? bnd[rows - 1 - kWarp - lane] : A(0);
-    }
-    const int steps = int(rows) + lanes - 1;
-    for (int s = 0; s < steps; ++s) {
-      const int64_t i = rows - 1 - (int64_t(s) - rank);
-      A right = __shfl_down_sync(kFull, flow_out, 1);
-      if (from_right) {
-        if (s % kWarp == 0 && s > 0) {
-          chunk = chunk_next;
-          const int64_t ahead = rows - 1 - (int64_t(s) + kWarp + lane);
-          chunk_next = ahead >= 0 ? bnd[ahead] : A(0);
-        }
-        const A from_buffer = __shfl_sync(kFull, chunk, s % kWarp);
-        if (lane == lanes - 1) right = from_buffer;
-      } else if (lane == lanes - 1) {
-        right = A(0);
+    if (from_right) chunk_next = rows - 1 - lane >= 0 ? bnd[rows - 1 - lane] : A(0);
+    const int steps = rows + lanes - 1;
+    for (int s0 = 0; s0 < steps; s0 += kWarp) {
+      if (from_right) {  // the same for the whole warp
+        chunk = chunk_next;
+        const int ahead = rows - 1 - (s0 + kWarp + lane);
+        chunk_next = ahead >= 0 ? bnd[ahead] : A(0);
       }
-      if (rank >= 0 && i >= 0 && i < rows) {
-        A g[R];
+      for (int j = 0; j < kWarp && s0 + j < steps; j += kBackDepth) {
 #pragma unroll
-        for (int r = R - 1; r >= 0; --r) {
-          if (r < valid) {
-            A e = right + carry_up[r];
-            if (i == arg_i && r == arg_r) e += A(1);
-            const A h = cur[r + 1];
-            const A xu = above[r + 1] + k.gap, xl = cur[r] + k.gap;
-            A wd, wu, wl;
-            if (SOFT) {
-              // The four softmax weights sum to 1: the match weight is what the others leave, so the
-              // backward reads H only (S would be one more read per cell).
-              wu = exp2_((xu - h) * k.c);
-              wl = exp2_((xl - h) * k.c);
-              wd = A(1) - wu - wl - exp2_(-h * k.c);
-              wd = wd < A(0) ? A(0) : wd;  // rounding; a NaN stays a NaN
-            } else {
-              const A xd = above[r] + s_cur[r];
-              const bool t1 = h != A(0) && xd == h;
-              const bool t2 = h != A(0) && !t1 && xu == h;
-              const bool t3 = h != A(0) && !t1 && !t2 && xl == h;
-              wd = t1, wu = t2, wl = t3;
+        for (int d = 0; d < kBackDepth; ++d) {
+          const int i = rows - 1 - (s0 + j + d - rank);
+          A right = __shfl_down_sync(kFull, flow_out, 1);
+          const A from_boundary = __shfl_sync(kFull, chunk, j + d);
+          if (lane == lanes - 1) right = from_boundary;  // zero in the last tile
+          const int dp = (d + kBackDepth - 1) % kBackDepth;  // the previous step's slot
+          const A(&above)[R + 1] = src.h[d];
+          const A(&cur)[R + 1] = src.h[dp];
+          if (rank >= 0 && unsigned(i) < unsigned(rows)) {
+            // Columns past the pair (r >= valid) take no flow (e = 0), so they pass none on: no
+            // branch per cell. Their H are zeros, so their weights are finite.
+            A g[R];
+#pragma unroll
+            for (int r = R - 1; r >= 0; --r) {
+              A e = right + carry_up[r];
+              if (i == arg_i && r == arg_r) e += A(1);
+              e = r < valid ? e : A(0);
+              const A h = cur[r + 1];
+              const A xu = above[r + 1] + k.gap, xl = cur[r] + k.gap;
+              A wd, wu, wl;
+              if (SOFT) {
+                // The four softmax weights sum to 1: the match weight is what the others leave, so the
+                // backward reads H only (S would be one more read per cell).
+                wu = exp2_((xu - h) * k.c);
+                wl = exp2_((xl - h) * k.c);
+                wd = A(1) - wu - wl - exp2_(-h * k.c);
+                wd = wd < A(0) ? A(0) : wd;  // rounding; a NaN stays a NaN
+              } else {
+                const A xd = above[r] + src.s[d][r];
+                const bool t1 = h != A(0) && xd == h;
+                const bool t2 = h != A(0) && !t1 && xu == h;
+                const bool t3 = h != A(0) && !t1 && !t2 && xl == h;
+                wd = t1, wu = t2, wl = t3;
+              }
+              g[r] = grad * e * wd;
+              right = e * wl + carry_diag[r];
+              carry_diag[r] = e * wd;
+              carry_up[r] = e * wu;
             }
-            g[r] = grad * e * wd;
-            right = e * wl + carry_diag[r];
-            carry_diag[r] = e * wd;
-            carry_up[r] = e * wu;
-          } else {
-            right = A(0);
-            g[r] = A(0);
+            store_row<A, R>(Gb + int64_t(i) * N + col, g, valid, N % 4 == 0);
+            flow_out = right;
+            if (lane == 0 && tile > 0) bnd[i] = right;
           }
+          // The previous step's slot is used up: it takes the step kBackDepth - 1 ahead.
+          src.fetch(dp, i - (kBackDepth - 1));
         }
-        store_row<A, R>(Gb + i * N + col, g, valid, vec);
-        flow_out = right;
-        if (lane == 0 && tile > 0) bnd[i] = right;
-#pragma unroll
-        for (int r = 0; r <= R; ++r) cur[r] = above[r], above[r] = ahead1[r], ahead1[r] = ahead2[r];
-#pragma unroll
-        for (int r = 0; r < R; ++r) s_cur[r] = s_ahead1[r], s_ahead1[r] = s_ahead2[r];
-        load_row(i - 4, ahead2);
-        load_scores(i - 3, s_ahead2);
       }
     }
     __syncwarp();
@@ -663,41 +708,21 @@ cudaError_t launch_dense(const Problem& pr, const A* S, A* scores, A* table, int
   return cudaGetLastError();
 }
 
-template <int R, bool SOFT, bool STORE>
-cudaError_t launch_ring(const Problem& pr, const float* S, const Outputs<float>& out, const Consts<float>& k,
-                        cudaStream_t stream) {
-  const size_t smem = sizeof(float) * R * kRingRows * kWarp * kWarpsPerBlock;
-  auto kernel = forward_ring_kernel<R, SOFT, STORE>;
-  static const cudaError_t set = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      int(smem));  // once per kernel and process
-  if (set != cudaSuccess) return set;
-  DenseRing<R> src{};
-  src.S = S, src.M = pr.M, src.N = pr.N;
-  kernel<<<blocks_for(pr.B), kWarp * kWarpsPerBlock, smem, stream>>>(src, k, out, pr.qlen, pr.tlen,
-                                                                      pr.order, pr.B);
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 int sw_cuda_tile_columns(int lane_columns) { return kWarp * lane_columns; }
+
+int64_t sw_cuda_table_columns(int64_t N, int lane_columns) { return table_columns(N, lane_columns); }
 
 cudaError_t sw_cuda_forward_f32(const Problem& pr, const float* S, float* scores, float* table,
                                 int64_t* best_at, float* boundary, double gap, double t, int lane_columns,
                                 cudaStream_t stream) {
   if (pr.B == 0) return cudaSuccess;
-  const Consts<float> k = consts<float>(gap, t);
-  const Outputs<float> out{scores, table, best_at, boundary};
-#define SWCLI_RING(R)                                                                                  \
-  if (t > 0)                                                                                           \
-    return table ? launch_ring<R, true, true>(pr, S, out, k, stream)                                  \
-                 : launch_ring<R, true, false>(pr, S, out, k, stream);                                \
-  return table ? launch_ring<R, false, true>(pr, S, out, k, stream) : launch_ring<R, false, false>(pr, S, out, k, stream)
-  if (lane_columns == 1) {
-    SWCLI_RING(1);
-  }
-  SWCLI_RING(4);
-#undef SWCLI_RING
+  if (lane_columns == 1)
+    return table ? launch_dense<float, 1, true>(pr, S, scores, table, best_at, boundary, gap, t, stream)
+                 : launch_dense<float, 1, false>(pr, S, scores, table, best_at, boundary, gap, t, stream);
+  return table ? launch_dense<float, 4, true>(pr, S, scores, table, best_at, boundary, gap, t, stream)
+               : launch_dense<float, 4, false>(pr, S, scores, table, best_at, boundary, gap, t, stream);
 }
 
 cudaError_t sw_cuda_forward_f64(const Problem& pr, const double* S, double* scores, double* table,

@@ -16,8 +16,12 @@ struct Problem {
 // Columns per tile: 32 lanes x lane_columns; pairs with longer targets need a boundary buffer (B, M).
 int sw_cuda_tile_columns(int lane_columns);
 
-// Scores (B,); with table (B, M, N) non-null, also H without its zero border and best_at (B,), the
-// row-major index of the first maximal cell or -1, for the backward. lane_columns is 1 or 4.
+// Columns of the DP table the forward keeps: N rounded up to lane_columns.
+int64_t sw_cuda_table_columns(int64_t N, int lane_columns);
+
+// Scores (B,); with table (B, M, sw_cuda_table_columns(N, lane_columns)) non-null, also H without its
+// zero border, in the kernels' own wavefront order, and best_at (B,), the row-major index of the first
+// maximal cell or -1, for the backward (which takes the same lane_columns). lane_columns is 1 or 4.
 cudaError_t sw_cuda_forward_f32(const Problem& pr, const float* S, float* scores, float* table,
                                 int64_t* best_at, float* boundary, double gap, double t, int lane_columns,
                                 cudaStream_t stream);
@@ -38,7 +42,7 @@ int sw_cuda_relay_warps();
 cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const uint8_t* target,
                                   const float* matrix, int K, float* scores, float* boundary, double gap,
                                   double t, int lane_columns, cudaStream_t stream, const Relaying* relaying);
-// grad_S (B, M, N), zero on entry, from the table and best_at of the forward.
+// grad_S (B, M, N), every element written, from the table and best_at of the forward.
 cudaError_t sw_cuda_backward_f32(const Problem& pr, const float* grad_scores, const float* S,
                                  const float* table, const int64_t* best_at, float* grad_S, float* boundary,
                                  double gap, double t, int lane_columns, cudaStream_t stream);

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Build, test and benchmark the CUDA engine on the H200 machine (device tool); logs go to $OUT.
 #   tools/h200.sh STAGE...   with stages: build, test (the cuda-marked suite), gpu-all (every test on
-#   the GPU machine), bench, sanitize, e2e (swcli align on a 100k-pair FASTA), profile (ncu on the
-#   seed, dense and real-pairs kernels, and their SASS), host (time per call on the host)
+#   the GPU machine), bench, sanitize, e2e (swcli align on a 100k-pair FASTA), profile (an ncu report of
+#   tools/profile_workloads.py $NCU_WORKLOAD, default kernels), steps (seed-shaped batches of growing
+#   size in graph replay), host (time per call on the host)
 # Needs .whl (biopython, from ../shared/tools/device-prep) and .bench/proteins.fasta, both carried.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -47,14 +48,11 @@ PY
         echo "$tool: exit $? ; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
       done ;;
     profile)
-      timeout 240 ncu --clock-control none --set full -k regex:"forward|codes" -c 4 -o "$OUT/kernels" \
-        python3 tools/profile_workloads.py kernels > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?"
-      ncu --import "$OUT/kernels.ncu-rep" --page details --csv > "$OUT/ncu_details.csv" 2>/dev/null
-      ncu --import "$OUT/kernels.ncu-rep" --page raw --csv \
-        --metrics regex:smsp__pcsamp_warps_issue_stalled_.*,regex:smsp__average_warp.*,launch__.*,sm__throughput.*,dram__throughput.*,smsp__inst_executed.sum,sm__warps_active.* \
-        > "$OUT/ncu_raw.csv" 2>/dev/null
-      so=$(ls /tmp/swcli-cache/swcli_cuda_*/*.so | head -1)
-      cuobjdump --dump-sass "$so" > "$OUT/sass.txt" 2>&1; echo "sass: $(wc -l < "$OUT/sass.txt") lines" ;;
+      # the report comes back whole (read it with the ncu_report Python module); SASS: cuobjdump on the .so
+      timeout 240 ncu --clock-control none --set ${NCU_SET:-full} -k regex:"forward|codes|backward" -c ${NCU_COUNT:-4} \
+        -o "$OUT/kernels" python3 tools/profile_workloads.py ${NCU_WORKLOAD:-kernels} > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?" ;;
+    steps)
+      python3 tools/profile_workloads.py steps 2>&1 | tee "$OUT/steps.txt" ;;
     host)
       python3 tools/profile_workloads.py host 2>&1 | tee "$OUT/host.txt" ;;
     e2e)

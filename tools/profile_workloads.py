@@ -1,7 +1,10 @@
 """Workloads for profiling the CUDA engine on the H200 (tools/h200.sh profile / host).
 
-  kernels: one call each of the dense 8192 x 256 x 256 forward (t = 1, 0), the seed (16 x 32 x 32) and
-           10,000 real-length pairs from codes, for ncu to capture.
+  kernels: one call each of the dense 8192 x 256 x 256 forward (t = 1, 0), the seed (16 x 32 x 32),
+           10,000 real-length pairs from codes, and a dense forward + backward, for ncu to capture.
+  train:   only the dense forward that keeps H and the backward (a smaller ncu report).
+  steps:   seed-shaped batches (B = 16) of growing size in CUDA graph replay: the slope is the time of
+           one wavefront step, the intercept the fixed cost of a launch.
   host:    host time per call (no synchronisation inside the loop) of the op, the engine call and the
            empty launch at the seed size: when the host is slower than the kernel, this is the rate.
 """
@@ -32,7 +35,24 @@ def kernels() -> None:
     (batch,) = make_batches(q, t, max_cells=1 << 62, device="cuda")
     soft_smith_waterman_codes(batch.query_codes, batch.target_codes, matrix.tensor(device="cuda"), -4.0, 1.0,
                               batch.query_lengths, batch.target_lengths, "cuda")
+    S.requires_grad_()
+    swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()  # the forward that keeps H, the backward
     torch.cuda.synchronize()
+
+
+def train() -> None:
+    S = torch.randn(8192, 256, 256, device="cuda", requires_grad=True)
+    swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()
+    torch.cuda.synchronize()
+
+
+def steps() -> None:
+    from swcli.bench import graph_seconds
+
+    for n in (8, 16, 32, 64, 128, 256):
+        S = torch.randn(16, n, n, device="cuda")
+        seconds = graph_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0), 50, 50)
+        print(f"B=16 {n}x{n}: {2 * n - 1} steps, {seconds * 1e6:.2f} us per call in graph replay")
 
 
 def host() -> None:
@@ -79,4 +99,4 @@ def host() -> None:
 
 
 if __name__ == "__main__":
-    {"kernels": kernels, "host": host}[sys.argv[1]]()
+    {"kernels": kernels, "train": train, "steps": steps, "host": host}[sys.argv[1]]()
