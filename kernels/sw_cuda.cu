@@ -129,38 +129,34 @@ struct Pair {
   int tn;     // target length
 };
 
-// Dense S (B, M, N), contiguous, read straight from global memory. Lane k reads row i = s - k, 16 bytes
-// (float, 4 columns per lane) where rows allow it; the neighbouring lane reads the other half of the
-// sector a step later, from L1.
-template <typename A, int R>
+// Dense S (B, M, N), contiguous, read straight from global memory. Lane k reads row i = s - k: with
+// VEC (float, 4 columns per lane, rows 16-byte aligned) one 16-byte load; the neighbouring lane reads
+// the other half of the sector a step later, from L1.
+template <typename A, int R, bool VEC>
 struct DenseDirect {
+  static_assert(!VEC || (sizeof(A) == 4 && R == 4), "16-byte rows are 4 floats");
   const A* S;
   int64_t M, N;
   const A* next;  // this lane's columns in the row of the next fetch (before the pair's rows: not read)
-  int qn;
-  int cols;  // this lane's columns inside the matrix: loads past N are skipped
-  bool vec;  // one 16-byte load per row
+  int qn;         // rows to read: the query length, or 0 when this lane is past the matrix (VEC)
+  int cols;       // this lane's columns inside the matrix: loads past N are skipped
   A slot[kDepth][R];
 
   __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
-    qn = p.qn;
     const int64_t left = N - col;
     cols = left >= R ? R : (left > 0 ? int(left) : 0);
-    vec = sizeof(A) == 4 && R == 4 && N % 4 == 0 && reinterpret_cast<uintptr_t>(S) % 16 == 0;
+    qn = VEC && cols == 0 ? 0 : p.qn;
     next = S + p.b * M * N + col - int64_t(lane) * N;  // row -lane, fetched at step 0
   }
   __device__ __forceinline__ void fetch(int d, int i) {
     const bool ok = unsigned(i) < unsigned(qn);
-    if constexpr (sizeof(A) == 4 && R == 4) {
-      if (vec) {
-        const float4 x = ok && cols ? __ldg(reinterpret_cast<const float4*>(next)) : make_float4(0, 0, 0, 0);
-        slot[d][0] = x.x, slot[d][1] = x.y, slot[d][2] = x.z, slot[d][3] = x.w;
-        next += N;
-        return;
-      }
-    }
+    if constexpr (VEC) {
+      const float4 x = ok ? __ldg(reinterpret_cast<const float4*>(next)) : make_float4(0, 0, 0, 0);
+      slot[d][0] = x.x, slot[d][1] = x.y, slot[d][2] = x.z, slot[d][3] = x.w;
+    } else {
 #pragma unroll
-    for (int r = 0; r < R; ++r) slot[d][r] = ok && r < cols ? __ldg(next + r) : A(0);
+      for (int r = 0; r < R; ++r) slot[d][r] = ok && r < cols ? __ldg(next + r) : A(0);
+    }
     next += N;
   }
   __device__ __forceinline__ void take(int d, A (&v)[R]) const {
@@ -697,15 +693,20 @@ cudaError_t launch_dense(const Problem& pr, const A* S, A* scores, A* table, int
                          A* boundary, double gap, double t, cudaStream_t stream) {
   const Consts<A> k = consts<A>(gap, t);
   const Outputs<A> out{scores, table, best_at, boundary};
-  DenseDirect<A, R> src{};
-  src.S = S, src.M = pr.M, src.N = pr.N;
-  if (t > 0)
-    forward_kernel<A, R, true, STORE><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
-        src, k, out, pr.qlen, pr.tlen, pr.order, pr.B, pr.M, pr.N);
-  else
-    forward_kernel<A, R, false, STORE><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
-        src, k, out, pr.qlen, pr.tlen, pr.order, pr.B, pr.M, pr.N);
-  return cudaGetLastError();
+  auto go = [&](auto src) {
+    src.S = S, src.M = pr.M, src.N = pr.N;
+    if (t > 0)
+      forward_kernel<A, R, true, STORE><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
+          src, k, out, pr.qlen, pr.tlen, pr.order, pr.B, pr.M, pr.N);
+    else
+      forward_kernel<A, R, false, STORE><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
+          src, k, out, pr.qlen, pr.tlen, pr.order, pr.B, pr.M, pr.N);
+    return cudaGetLastError();
+  };
+  if constexpr (sizeof(A) == 4 && R == 4) {
+    if (pr.N % 4 == 0 && reinterpret_cast<uintptr_t>(S) % 16 == 0) return go(DenseDirect<A, R, true>{});
+  }
+  return go(DenseDirect<A, R, false>{});
 }
 
 }  // namespace
