@@ -14,9 +14,10 @@
 // reference, so a gap step adds exactly the same float. max.NaN / min.NaN carry a NaN in S to that
 // pair's score and nowhere else.
 //
-// Dense float32 scores reach the lanes through a per-warp ring in shared memory, filled by
-// cp.async a few rows ahead: the warp copies row s whole and coalesced, lane k reads it k steps later.
-// Scores from codes are looked up in the substitution matrix, held in shared memory.
+// Dense scores are loaded by each lane for its own row, kDepth steps ahead, into registers that stay
+// fixed across the unrolled steps. Scores from codes are looked up in the substitution matrix, held in
+// shared memory. With a gradient to come, the forward also stores H in wavefront order (Skewed), so
+// that each step's stores and each backward step's loads are one contiguous row.
 #include <cuda_runtime.h>
 
 #include <cfloat>
