@@ -4,7 +4,8 @@
            10,000 real-length pairs from codes, and a dense forward + backward, for ncu to capture.
   train:   only the dense forward that keeps H and the backward (a smaller ncu report).
   steps:   seed-shaped batches (B = 16) of growing size in CUDA graph replay: the slope is the time of
-           one wavefront step, the intercept the fixed cost of a launch.
+           one wavefront step, the intercept the fixed cost of a launch; then the SM clock while the
+           seed kernel runs back to back.
   host:    host time per call (no synchronisation inside the loop) of the op, the engine call and the
            empty launch at the seed size: when the host is slower than the kernel, this is the rate.
 """
@@ -53,6 +54,34 @@ def steps() -> None:
         S = torch.randn(16, n, n, device="cuda")
         seconds = graph_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0), 50, 50)
         print(f"B=16 {n}x{n}: {2 * n - 1} steps, {seconds * 1e6:.2f} us per call in graph replay")
+    # the SM clock while the seed kernel runs back to back: is a step slow, or the clock low?
+    import subprocess
+    import threading
+
+    S = torch.randn(16, 32, 32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        swcli.soft_smith_waterman(S, -1.0, 1.0)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        for _ in range(1000):
+            swcli.soft_smith_waterman(S, -1.0, 1.0)
+    clocks = []
+
+    def sample() -> None:
+        for _ in range(5):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader"],
+                                 capture_output=True, text=True).stdout.strip()
+            clocks.append(out)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    while sampler.is_alive():
+        graph.replay()
+        torch.cuda.synchronize()
+    print("SM clock while the seed kernel runs back to back:", ", ".join(clocks))
 
 
 def host() -> None:
