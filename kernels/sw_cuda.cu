@@ -531,7 +531,9 @@ struct BackwardRows {
   __device__ void begin_tile(int tile, int lane, int first_row) {
     const int above = first_row - 1 < 0 ? 0 : first_row - 1;  // below row 0 nothing is read
     mine = H.cursor(tile, above, lane);
-    has_left = lane > 0 || tile > 0;
+    // Lanes past the pair's columns (valid == 0) read nothing: their neighbour's slot may lie past the
+    // tile's width, in the last tile even past the table.
+    has_left = (lane > 0 || tile > 0) && valid > 0;
     left = lane > 0 ? H.cursor(tile, above, lane - 1) : H.cursor(tile > 0 ? tile - 1 : 0, above, kWarp - 1);
     if (first_row - 1 < 0) mine.step(-1), left.step(-1);
   }
