@@ -41,6 +41,9 @@ for B, M, N in [(5, 37, 70), (1100, 9, 300)]:
         codes_q = torch.randint(0, 24, (B, M), generator=g, dtype=torch.uint8).cuda()
         codes_t = torch.randint(0, 24, (B, N), generator=g, dtype=torch.uint8).cuda()
         soft_smith_waterman_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), -1.0, temp, q, t)
+# full pairs whose last tile is narrower than a tile (300 = 2 x 128 + 44): lanes past it, last rows
+S = torch.randn(1100, 40, 300, generator=g).cuda().requires_grad_()
+swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()
 torch.cuda.synchronize(); print("small case done")
 PY
       for tool in memcheck racecheck; do
