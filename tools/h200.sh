@@ -51,7 +51,8 @@ PY
         echo "$tool: exit $? ; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
       done ;;
     profile)
-      # the report comes back whole (read it with the ncu_report Python module); SASS: cuobjdump on the .so
+      # the report comes back whole: read it here with the ncu_report wheel. For SASS, compile the .cu here
+      # (nvcc -arch=sm_90 -cubin) and read it with the nvidia-cuda-cuobjdump / -nvdisasm wheels.
       timeout 240 ncu --clock-control none --set ${NCU_SET:-full} -k regex:"forward|codes|backward" -c ${NCU_COUNT:-4} \
         -o "$OUT/kernels" python3 tools/profile_workloads.py ${NCU_WORKLOAD:-kernels} > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?" ;;
     steps)
