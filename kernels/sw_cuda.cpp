@@ -35,6 +35,7 @@ constexpr int64_t kRelayMinWork = 2048;
 
 struct Lengths {
   at::Tensor qlen, tlen, order;  // undefined when the pair shape is full
+  at::Tensor work;               // rows x column tiles of each pair, the key of `order` (B > 1)
 };
 
 // Lengths on the device (int64), and the longest-first order in which warps start the pairs.
@@ -51,8 +52,8 @@ Lengths lengths_for(const c10::optional<at::Tensor>& qlen, const c10::optional<a
   l.qlen = qlen.has_value() ? *qlen : full(M);
   l.tlen = tlen.has_value() ? *tlen : full(N);
   if (B > 1) {
-    const at::Tensor tiles = at::floor_divide(l.tlen + (tile_columns - 1), tile_columns);
-    l.order = at::argsort(l.qlen * tiles, /*stable=*/true, /*dim=*/0, /*descending=*/true);
+    l.work = l.qlen * at::floor_divide(l.tlen + (tile_columns - 1), tile_columns);
+    l.order = at::argsort(l.work, /*stable=*/true, /*dim=*/0, /*descending=*/true);
   }
   return l;
 }
@@ -164,9 +165,8 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   at::Tensor coop_count, relay;
   if (plan.R == 4 && l.order.defined() && N > tile) {
     relaying.max_coop = std::min<int64_t>(B, 2 * int64_t(device_attribute(cudaDevAttrMultiProcessorCount)));
-    const at::Tensor q_sorted = l.qlen.index_select(0, l.order), t_sorted = l.tlen.index_select(0, l.order);
-    const at::Tensor work = q_sorted * at::floor_divide(t_sorted + (tile - 1), tile);  // rows x tiles
-    coop_count = (work >= kRelayMinWork).sum().clamp_max(relaying.max_coop).to(at::kLong);
+    // the pairs over the threshold are a prefix of the order, which sorts by the same work
+    coop_count = (l.work >= kRelayMinWork).sum().clamp_max(relaying.max_coop).to(at::kLong);
     relay = at::empty({relaying.max_coop, sw_cuda_relay_warps() + 1, M}, matrix.options());
     relaying.coop_count = coop_count.data_ptr<int64_t>();
     relaying.relay = relay.data_ptr<float>();

@@ -212,14 +212,20 @@ struct Skewed {
   A* pair;  // this pair's table
   int M;
   int64_t cols;
+  static constexpr int kTileCols = kWarp * R;
+  __device__ __forceinline__ int width(int tile) const {
+    const int64_t c0 = int64_t(tile) * kTileCols;
+    return cols - c0 < kTileCols ? int(cols - c0) : kTileCols;
+  }
+  // Lane `lane`'s R values in row u of the tile's storage.
+  __device__ __forceinline__ A* slot(int tile, int u, int lane) const {
+    return pair + M * (int64_t(tile) * kTileCols) + int64_t(u) * width(tile) + lane * R;
+  }
   // Lane `lane`'s R values in row `row` (in [0, M)) of the tile.
   __device__ __forceinline__ A* at(int tile, int row, int lane) const {
-    constexpr int kTileCols = kWarp * R;
-    const int64_t c0 = int64_t(tile) * kTileCols;
-    const int width = cols - c0 < kTileCols ? int(cols - c0) : kTileCols;
     int u = row + lane;
     while (u >= M) u -= M;  // once at most, unless M < 32
-    return pair + M * c0 + int64_t(u) * width + lane * R;
+    return slot(tile, u, lane);
   }
   // A lane's walk through consecutive rows of a tile, up (step -1) or down (+1), wrapping around.
   struct Cursor {
@@ -235,11 +241,16 @@ struct Skewed {
       }
     }
   };
+  // Starting at storage row 0 (where a forward step's rows go at step 0).
+  __device__ __forceinline__ Cursor cursor(int tile, int lane) const {
+    A* const first = slot(tile, 0, lane);
+    return Cursor{first, first, width(tile), int64_t(M) * width(tile)};
+  }
+  // Starting at the pair's row `row`.
   __device__ __forceinline__ Cursor cursor(int tile, int row, int lane) const {
-    constexpr int kTileCols = kWarp * R;
-    const int64_t c0 = int64_t(tile) * kTileCols;
-    const int width = cols - c0 < kTileCols ? int(cols - c0) : kTileCols;
-    return Cursor{at(tile, row, lane), pair + M * c0 + lane * R, width, int64_t(M) * width};
+    Cursor c = cursor(tile, lane);
+    c.at = at(tile, row, lane);
+    return c;
   }
 };
 
@@ -320,10 +331,7 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
     // With STORE, where this lane's row of step s goes: row s mod M of the tile (row s - lane of the
     // pair), the same row of the tile for the whole warp. It moves one row down per step.
     typename Skewed<A, R>::Cursor row_out{};
-    if (STORE) {
-      row_out = table.cursor(tile, 0, lane);
-      row_out.at = row_out.first;  // step 0
-    }
+    if (STORE) row_out = table.cursor(tile, lane);
     A up[R], up_gap[R];  // H[i-1][col + r], and that + gap
 #pragma unroll
     for (int r = 0; r < R; ++r) up[r] = A(0), up_gap[r] = k.gap;
@@ -718,26 +726,27 @@ int sw_cuda_tile_columns(int lane_columns) { return kWarp * lane_columns; }
 
 int64_t sw_cuda_table_columns(int64_t N, int lane_columns) { return table_columns(N, lane_columns); }
 
+template <typename A>
+static cudaError_t forward_any(const Problem& pr, const A* S, A* scores, A* table, int64_t* best_at, A* boundary,
+                               double gap, double t, int lane_columns, cudaStream_t stream) {
+  if (pr.B == 0) return cudaSuccess;
+  if (lane_columns == 1)
+    return table ? launch_dense<A, 1, true>(pr, S, scores, table, best_at, boundary, gap, t, stream)
+                 : launch_dense<A, 1, false>(pr, S, scores, table, best_at, boundary, gap, t, stream);
+  return table ? launch_dense<A, 4, true>(pr, S, scores, table, best_at, boundary, gap, t, stream)
+               : launch_dense<A, 4, false>(pr, S, scores, table, best_at, boundary, gap, t, stream);
+}
+
 cudaError_t sw_cuda_forward_f32(const Problem& pr, const float* S, float* scores, float* table,
                                 int64_t* best_at, float* boundary, double gap, double t, int lane_columns,
                                 cudaStream_t stream) {
-  if (pr.B == 0) return cudaSuccess;
-  if (lane_columns == 1)
-    return table ? launch_dense<float, 1, true>(pr, S, scores, table, best_at, boundary, gap, t, stream)
-                 : launch_dense<float, 1, false>(pr, S, scores, table, best_at, boundary, gap, t, stream);
-  return table ? launch_dense<float, 4, true>(pr, S, scores, table, best_at, boundary, gap, t, stream)
-               : launch_dense<float, 4, false>(pr, S, scores, table, best_at, boundary, gap, t, stream);
+  return forward_any<float>(pr, S, scores, table, best_at, boundary, gap, t, lane_columns, stream);
 }
 
 cudaError_t sw_cuda_forward_f64(const Problem& pr, const double* S, double* scores, double* table,
                                 int64_t* best_at, double* boundary, double gap, double t, int lane_columns,
                                 cudaStream_t stream) {
-  if (pr.B == 0) return cudaSuccess;
-  if (lane_columns == 1)
-    return table ? launch_dense<double, 1, true>(pr, S, scores, table, best_at, boundary, gap, t, stream)
-                 : launch_dense<double, 1, false>(pr, S, scores, table, best_at, boundary, gap, t, stream);
-  return table ? launch_dense<double, 4, true>(pr, S, scores, table, best_at, boundary, gap, t, stream)
-               : launch_dense<double, 4, false>(pr, S, scores, table, best_at, boundary, gap, t, stream);
+  return forward_any<double>(pr, S, scores, table, best_at, boundary, gap, t, lane_columns, stream);
 }
 
 int sw_cuda_relay_warps() { return kRelayWarps; }
