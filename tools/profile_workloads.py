@@ -59,15 +59,6 @@ def steps() -> None:
     import threading
 
     S = torch.randn(16, 32, 32, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        swcli.soft_smith_waterman(S, -1.0, 1.0)
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        for _ in range(1000):
-            swcli.soft_smith_waterman(S, -1.0, 1.0)
     clocks = []
 
     def sample() -> None:
@@ -79,8 +70,7 @@ def steps() -> None:
     sampler = threading.Thread(target=sample)
     sampler.start()
     while sampler.is_alive():
-        graph.replay()
-        torch.cuda.synchronize()
+        graph_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0), 1000, 3)
     print("SM clock while the seed kernel runs back to back:", ", ".join(clocks))
 
 
@@ -106,26 +96,11 @@ def host() -> None:
         torch.cuda.synchronize()
         total_us = (time.perf_counter() - started) / n * 1e6
         print(f"{name:<24} host {host_us:6.1f} us/call, with the device drained {total_us:6.1f} us/call")
-    # kernel time alone, from one CUDA graph of 200 calls of the engine
-    g = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        engine.forward(S, None, None, -1.0, 1.0, False, 0)
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(g):
-        for _ in range(200):
-            engine.forward(S, None, None, -1.0, 1.0, False, 0)
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        g.replay()
-    end.record()
-    end.synchronize()
-    print(f"graph replay: {start.elapsed_time(end) / 2000 * 1e3:.2f} us per seed call")
+    # kernel time alone: the engine call in CUDA graph replay, as swcli bench times it
+    from swcli.bench import graph_seconds
 
+    seconds = graph_seconds(calls["engine.forward"], 200, 10)
+    print(f"graph replay: {seconds * 1e6:.2f} us per seed call")
 
 if __name__ == "__main__":
     {"kernels": kernels, "train": train, "steps": steps, "host": host}[sys.argv[1]]()
