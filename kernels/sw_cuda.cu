@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
 // Codes, 4 columns per lane, in blocks of kRelayWarps warps. The first `coop` blocks each take one of
 // the longest pairs (they come first in `order`) and share its tiles through a Relay, so that a long
 // pair no longer sets the time of the whole batch; the other blocks give one warp to each pair.
-constexpr int kRelayWarps = 8;
+constexpr int kRelayWarps = 16;
 
 template <bool SOFT>
 __global__ void __launch_bounds__(kWarp* kRelayWarps)

@@ -91,7 +91,8 @@ def run(S, qn, tn, gap, t, W, seed):
     return max(bests.values())
 
 rng = random.Random(1)
-for case, (M, N, W) in enumerate([(70, 700, 8), (200, 1100, 8), (33, 300, 8), (130, 1300, 3), (64, 129, 8), (1, 900, 8)]):
+for case, (M, N, W) in enumerate([(70, 700, 8), (200, 1100, 8), (33, 300, 8), (130, 1300, 3), (64, 129, 8), (1, 900, 8),
+                                     (70, 2700, 16), (40, 4200, 16)]):
     for t in (0.0, 1.0):
         S = torch.randn(M, N, dtype=torch.float64)
         qn, tn = rng.randint(max(1, M // 2), M), rng.randint(N // 2, N)
