@@ -28,7 +28,8 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
 [print(f\"{r['workload']:<24} {r['backend']:<9} t={r['temperature']:<3} {r['seconds'] * 1e6:>12,.1f} us {r['gcups']:>9.1f} GCUPS  {r['note']}\") for r in d['rows']]" \
         || tail -20 "$OUT/bench.err" ;;
     sanitize)
-      export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+      # PYTORCH_NO_CUDA_MEMORY_CACHING only for the sanitizer's runs: later stages capture CUDA graphs,
+      # which cannot allocate outside the caching allocator
       cat > /tmp/small.py <<'PY'
 import torch, swcli
 from swcli.ops import soft_smith_waterman_codes
@@ -47,7 +48,7 @@ swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()
 torch.cuda.synchronize(); print("small case done")
 PY
       for tool in memcheck racecheck; do
-        timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 python3 /tmp/small.py > "$OUT/sanitize_$tool.log" 2>&1
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 python3 /tmp/small.py > "$OUT/sanitize_$tool.log" 2>&1
         echo "$tool: exit $? ; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
       done ;;
     profile)
