@@ -116,12 +116,14 @@ __device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int val
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Score sources: give lane k the R scores of its row i = s - k at step s. A source keeps kDepth rows
+// Score sources: give lane k the R scores of its row i = s - k at step s. A source keeps kDepth rows (source_depth)
 // in flight in registers: fetch(d, i) starts the loads of row i into slot d, take(d, v) hands over
 // what that slot holds. The sweep unrolls its steps by kDepth and step s uses slot s % kDepth, so a
 // row is fetched kDepth steps before it is used and the slots are compile-time register indices.
 
-constexpr int kDepth = 4;
+// 4 rows ahead keep the issue-bound wide lanes fed; a 1-column lane's step is short (it is latency-bound,
+// with few warps per SM), so 4 steps do not cover a load from L2 and it looks 16 rows ahead.
+__host__ __device__ constexpr int source_depth(int R) { return R == 1 ? 8 : 4; }
 constexpr int kBackDepth = 8;  // the backward's (below): its steps wait on more memory
 
 struct Pair {
@@ -141,6 +143,7 @@ struct DenseDirect {
   const A* next;  // this lane's columns in the row of the next fetch (before the pair's rows: not read)
   int qn;         // rows to read: the query length, or 0 when this lane is past the matrix (VEC)
   int cols;       // this lane's columns inside the matrix: loads past N are skipped
+  static constexpr int kDepth = source_depth(R);
   A slot[kDepth][R];
 
   __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
@@ -164,6 +167,44 @@ struct DenseDirect {
 #pragma unroll
     for (int r = 0; r < R; ++r) v[r] = slot[d][r];
   }
+  __device__ __forceinline__ void start_block() {}
+};
+
+// Dense float S for 1-column lanes, 32 rows at a time. Such a lane's sweep is one chain of dependent
+// cells (the latency-bound small batches), and loads issued one per step share the warp's few
+// scoreboards, so that a step could wait for the load issued just before it (the profile of the seed:
+// 30% of the time). Here the 32 loads of the next block of steps all start at the start of a block
+// and are used a block (32 steps) later.
+template <typename A>
+struct DenseBlocks {
+  static constexpr int kDepth = kWarp;
+  const A* S;
+  int64_t M, N;
+  const A* next;  // this lane's column in the first row of the next block to load
+  int row;        // that row of the pair (negative before its first row: nothing is read)
+  int qn;         // rows to read: the query length, or 0 when this lane is past the matrix
+  A cur[kWarp], ahead[kWarp];
+
+  __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
+    qn = col < N ? p.qn : 0;
+    next = S + p.b * M * N + col - int64_t(lane) * N;  // row -lane: lane k's row at step 0
+    row = -lane;
+    load_ahead();
+  }
+  __device__ __forceinline__ void load_ahead() {
+#pragma unroll
+    for (int m = 0; m < kWarp; ++m) ahead[m] = unsigned(row + m) < unsigned(qn) ? __ldg(next + m * N) : A(0);
+    next += kWarp * N;
+    row += kWarp;
+  }
+  // At the start of each block of 32 steps: the rows loaded a block ago become current.
+  __device__ __forceinline__ void start_block() {
+#pragma unroll
+    for (int m = 0; m < kWarp; ++m) cur[m] = ahead[m];
+    load_ahead();
+  }
+  __device__ __forceinline__ void fetch(int, int) {}  // all loads are in start_block
+  __device__ __forceinline__ void take(int d, A (&v)[1]) const { v[0] = cur[d]; }
 };
 
 // Scores looked up from uint8 codes in a K x K float32 matrix held in shared memory: the query codes
@@ -178,6 +219,7 @@ struct Codes {
   int offs[R];          // this lane's target codes
   const uint8_t* next;  // the query code of the next fetch (before the pair's codes: not read)
   int qn;
+  static constexpr int kDepth = source_depth(R);
   int row[kDepth];  // K * (query code) of the fetched rows
 
   __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
@@ -195,6 +237,7 @@ struct Codes {
 #pragma unroll
     for (int r = 0; r < R; ++r) v[r] = m[offs[r]];
   }
+  __device__ __forceinline__ void start_block() {}
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -311,6 +354,7 @@ template <typename A, int R, bool SOFT, bool STORE, class Source, class Handoff>
 __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, const Outputs<A>& out, int64_t M,
                               int64_t N, const Handoff& handoff, int first_tile, int stride, A& best_out,
                               int64_t& best_at_out) {
+  constexpr int kDepth = Source::kDepth;
   static_assert(kWarp % kDepth == 0, "a block of 32 steps holds whole groups of kDepth steps");
   const int lane = threadIdx.x % kWarp;
   constexpr int kTileCols = kWarp * R;
@@ -346,51 +390,81 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
     }
     const int steps = p.qn + lanes - 1;
     for (int s0 = 0; s0 < steps; s0 += kWarp) {
+      src.start_block();
       if (tile > 0) {  // the same for the whole warp
         chunk = chunk_next;
         const int ahead = s0 + kWarp + lane;
         handoff.wait(tile, p.qn < s0 + 2 * kWarp ? p.qn : s0 + 2 * kWarp);
         chunk_next = ahead < p.qn ? bnd_in[ahead] : A(0);
       }
-      // Steps past `steps` (at most kDepth - 1) compute nothing: every active lane is past its rows.
+      // Steps past `steps` (at most kDepth - 1; a block source leaves the block at `steps`) compute
+      // nothing: every active lane is past its rows.
       for (int j = 0; j < kWarp && s0 + j < steps; j += kDepth) {
 #pragma unroll
         for (int d = 0; d < kDepth; ++d) {
+          if (kDepth == kWarp && s0 + d >= steps) break;  // a block source: the last block's tail
           const int i = s0 + j + d - lane;
           A left = __shfl_up_sync(kFull, last, 1);
           const A from_boundary = __shfl_sync(kFull, chunk, j + d);
           if (lane == 0) left = from_boundary;
           A v[R];
           src.take(d, v);
-          if (active && unsigned(i) < unsigned(p.qn)) {
-            A diag = left_above, left_gap = left + k.gap;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-              const A h = cell<A, SOFT>(diag + v[r], up_gap[r], left_gap, k);
-              diag = up[r];
-              up[r] = h;
-              left_gap = h + k.gap;
-              up_gap[r] = left_gap;
-              if (r < valid) {
-                if (STORE) {
-                  // Tiles run one after another, so compare positions: the first in row-major wins.
-                  const int64_t at = int64_t(i) * N + col + r;
-                  const bool take = h != h ? (best == best || at < best_at)
-                                           : (h > best || (h == best && best_at >= 0 && at < best_at));
-                  if (take) best = h, best_at = at;
-                } else {
-                  best = max_nan(best, h);
-                }
+          const bool on = active && unsigned(i) < unsigned(p.qn);
+          auto track_best = [&](A h, int r) {
+            if (r < valid) {
+              if (STORE) {
+                // Tiles run one after another, so compare positions: the first in row-major wins.
+                const int64_t at = int64_t(i) * N + col + r;
+                const bool take = h != h ? (best == best || at < best_at)
+                                         : (h > best || (h == best && best_at >= 0 && at < best_at));
+                if (take) best = h, best_at = at;
+              } else {
+                best = max_nan(best, h);
               }
             }
+          };
+          auto finish_row = [&] {
             if (STORE) store_row<A, R>(row_out.at, up, valid, true);  // 16-byte aligned
             left_above = left;
             if (has_next && lane == kWarp - 1) {
               bnd_out[i] = up[R - 1];
               if ((i + 1) % kWarp == 0 || i + 1 == p.qn) handoff.publish(tile, i + 1);
             }
+          };
+          if constexpr (R == 1) {
+            // Latency-bound: the cell is computed in every lane, so that no branch lies between it and
+            // the next step's shuffle. A lane off its rows sends a value nobody uses: its right
+            // neighbour is then off the same row.
+            const A h = cell<A, SOFT>(left_above + v[0], up_gap[0], left + k.gap, k);
+            last = h;
+            up[0] = on ? h : up[0];
+            up_gap[0] = on ? h + k.gap : up_gap[0];
+            left_above = on ? left : left_above;
+            if (STORE) {
+              if (on) track_best(h, 0), store_row<A, R>(row_out.at, up, valid, true);
+            } else {
+              best = on ? max_nan(best, h) : best;  // on: this lane is inside the target, valid == 1
+            }
+            if (on && has_next && lane == kWarp - 1) {
+              bnd_out[i] = h;
+              if ((i + 1) % kWarp == 0 || i + 1 == p.qn) handoff.publish(tile, i + 1);
+            }
+          } else {
+            if (on) {
+              A diag = left_above, left_gap = left + k.gap;
+#pragma unroll
+              for (int r = 0; r < R; ++r) {
+                const A h = cell<A, SOFT>(diag + v[r], up_gap[r], left_gap, k);
+                diag = up[r];
+                up[r] = h;
+                left_gap = h + k.gap;
+                up_gap[r] = left_gap;
+                track_best(h, r);
+              }
+              finish_row();
+            }
+            last = up[R - 1];
           }
-          last = up[R - 1];
           if (STORE) row_out.step(+1);
           // Refill the slot only now that its values are used: the load can then land in the same
           // registers, and the loop carries no copy of a value still in flight.
@@ -717,7 +791,10 @@ cudaError_t launch_dense(const Problem& pr, const A* S, A* scores, A* table, int
   if constexpr (sizeof(A) == 4 && R == 4) {
     if (pr.N % 4 == 0 && reinterpret_cast<uintptr_t>(S) % 16 == 0) return go(DenseDirect<A, R, true>{});
   }
-  return go(DenseDirect<A, R, false>{});
+  if constexpr (sizeof(A) == 4 && R == 1)
+    return go(DenseBlocks<A>{});
+  else
+    return go(DenseDirect<A, R, false>{});
 }
 
 }  // namespace

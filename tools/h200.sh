@@ -2,7 +2,7 @@
 # Build, test and benchmark the CUDA engine on the H200 machine (device tool); logs go to $OUT.
 #   tools/h200.sh STAGE...   with stages: build, test (the cuda-marked suite), gpu-all (every test on
 #   the GPU machine), bench, sanitize, e2e (swcli align on a 100k-pair FASTA), profile (an ncu report of
-#   tools/profile_workloads.py $NCU_WORKLOAD, default kernels), steps (seed-shaped batches of growing
+#   tools/profile_workloads.py $NCU_WORKLOAD: kernels (default), train or latency), steps (seed-shaped batches of growing
 #   size in graph replay), host (time per call on the host)
 # Needs .whl (biopython, from ../shared/tools/device-prep) and .bench/proteins.fasta, both carried.
 set -o pipefail

@@ -3,6 +3,8 @@
   kernels: one call each of the dense 8192 x 256 x 256 forward (t = 1, 0), the seed (16 x 32 x 32),
            10,000 real-length pairs from codes, and a dense forward + backward, for ncu to capture.
   train:   only the dense forward that keeps H and the backward (a smaller ncu report).
+  latency: the seed's kernel (1-column lanes, 16 pairs) on 256 x 256 pairs, long enough for the
+           profiler's PC sampling to show where each wavefront step waits; then the seed itself.
   steps:   seed-shaped batches (B = 16) of growing size in CUDA graph replay: the slope is the time of
            one wavefront step, the intercept the fixed cost of a launch; then the SM clock while the
            seed kernel runs back to back.
@@ -44,6 +46,12 @@ def kernels() -> None:
 def train() -> None:
     S = torch.randn(8192, 256, 256, device="cuda", requires_grad=True)
     swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()
+    torch.cuda.synchronize()
+
+
+def latency() -> None:
+    for n in (256, 32):
+        swcli.soft_smith_waterman(torch.randn(16, n, n, device="cuda"), -1.0, 1.0)
     torch.cuda.synchronize()
 
 
@@ -103,4 +111,4 @@ def host() -> None:
     print(f"graph replay: {seconds * 1e6:.2f} us per seed call")
 
 if __name__ == "__main__":
-    {"kernels": kernels, "train": train, "steps": steps, "host": host}[sys.argv[1]]()
+    {"kernels": kernels, "train": train, "latency": latency, "steps": steps, "host": host}[sys.argv[1]]()
