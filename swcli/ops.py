@@ -44,30 +44,35 @@ def _check_lengths(name: str, lengths, size: int, limit: int, dim: str, device) 
     return lengths.contiguous()
 
 
-def _resolve_backend(backend: str, device: torch.device) -> str:
+def _resolve_backend(backend: str, tensor: torch.Tensor) -> str:
+    # tensor.is_cuda / is_cpu, not tensor.device.type: that one costs more than all the other checks
+    # of a small call together
+    if backend == "auto":
+        return "cuda" if tensor.is_cuda else "cpu"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend == "auto":
-        return "cuda" if device.type == "cuda" else "cpu"
-    if backend == "cuda" and device.type != "cuda":
-        raise ValueError(f"backend='cuda' needs the score matrix on a CUDA device, got {device}")
-    if backend == "cpu" and device.type != "cpu":
-        raise ValueError(f"backend='cpu' needs the score matrix on the CPU, got {device}; move it "
+    if backend == "cuda" and not tensor.is_cuda:
+        raise ValueError(f"backend='cuda' needs the score matrix on a CUDA device, got {tensor.device}")
+    if backend == "cpu" and not tensor.is_cpu:
+        raise ValueError(f"backend='cpu' needs the score matrix on the CPU, got {tensor.device}; move it "
                          "with .cpu() or use backend='auto'")
     return backend
 
 
-def _check_arguments(gap, temperature, backend: str, device, shape: tuple[int, int, int], query_lengths,
-                     target_lengths):
-    """The checks both entry points share: (gap, temperature, resolved backend, qlen, tlen)."""
+def _check_arguments(gap, temperature, backend: str, tensor: torch.Tensor, shape: tuple[int, int, int],
+                     query_lengths, target_lengths):
+    """The checks both entry points share: (gap, temperature, resolved backend, qlen, tlen). `tensor`
+    is the input whose device the lengths must match."""
     gap = _check_number("gap", gap)
     temperature = _check_number("temperature", temperature)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 is the exact hard maximum), got {temperature}")
-    backend = _resolve_backend(backend, device)
+    backend = _resolve_backend(backend, tensor)
+    if query_lengths is None and target_lengths is None:  # every pair full: the common case, kept fast
+        return gap, temperature, backend, None, None
     B, M, N = shape
-    qlen = _check_lengths("query_lengths", query_lengths, B, M, "M", device)
-    tlen = _check_lengths("target_lengths", target_lengths, B, N, "N", device)
+    qlen = _check_lengths("query_lengths", query_lengths, B, M, "M", tensor.device)
+    tlen = _check_lengths("target_lengths", target_lengths, B, N, "N", tensor.device)
     return gap, temperature, backend, qlen, tlen
 
 
@@ -145,14 +150,14 @@ def soft_smith_waterman(
         raise ValueError(f"score_matrix must be a torch.Tensor, got {type(score_matrix).__name__}")
     if score_matrix.dim() != 3:
         raise ValueError(f"score_matrix must be 3-D (B, M, N), got shape {tuple(score_matrix.shape)}")
-    if not score_matrix.dtype.is_floating_point:
-        raise ValueError(f"score_matrix must be floating point, got dtype {score_matrix.dtype}")
-    B, M, N = score_matrix.shape
+    dtype = score_matrix.dtype
+    if not dtype.is_floating_point:
+        raise ValueError(f"score_matrix must be floating point, got dtype {dtype}")
     gap, temperature, backend, qlen, tlen = _check_arguments(
-        gap, temperature, backend, score_matrix.device, (B, M, N), query_lengths, target_lengths)
+        gap, temperature, backend, score_matrix, score_matrix.shape, query_lengths, target_lengths)
 
     S = score_matrix
-    if S.dtype in (torch.float16, torch.bfloat16):
+    if dtype is torch.float16 or dtype is torch.bfloat16:
         S = S.float()
     if backend == "reference":
         scores = soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
@@ -160,7 +165,7 @@ def soft_smith_waterman(
         scores = _SoftSmithWatermanFunction.apply(S, qlen, tlen, gap, temperature, backend)
     else:  # no gradient: no DP table, and none of autograd's overhead (it counts at small sizes)
         scores, _ = _forward(backend, S, qlen, tlen, gap, temperature, False)
-    return scores if scores.dtype == score_matrix.dtype else scores.to(score_matrix.dtype)
+    return scores if S is score_matrix else scores.to(dtype)
 
 
 def soft_smith_waterman_codes(
@@ -194,8 +199,7 @@ def soft_smith_waterman_codes(
             raise ValueError(f"{name} holds code {int(codes.max())}, outside the {K} x {K} matrix")
     B, M = query_codes.shape
     gap, temperature, backend, qlen, tlen = _check_arguments(
-        gap, temperature, backend, query_codes.device, (B, M, target_codes.shape[1]), query_lengths,
-        target_lengths)
+        gap, temperature, backend, query_codes, (B, M, target_codes.shape[1]), query_lengths, target_lengths)
     if target_codes.device != query_codes.device:
         raise ValueError(f"query_codes and target_codes are on {query_codes.device} and {target_codes.device}")
     matrix = matrix.to(query_codes.device)
