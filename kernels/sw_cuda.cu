@@ -155,8 +155,11 @@ struct DenseDirect {
   __device__ __forceinline__ void fetch(int d, int i) {
     const bool ok = unsigned(i) < unsigned(qn);
     if constexpr (VEC) {
-      const float4 x = ok ? __ldg(reinterpret_cast<const float4*>(next)) : make_float4(0, 0, 0, 0);
-      slot[d][0] = x.x, slot[d][1] = x.y, slot[d][2] = x.z, slot[d][3] = x.w;
+      // Rows outside the pair leave the slot as it was: a lane off its rows computes no cell.
+      if (ok) {
+        const float4 x = __ldg(reinterpret_cast<const float4*>(next));
+        slot[d][0] = x.x, slot[d][1] = x.y, slot[d][2] = x.z, slot[d][3] = x.w;
+      }
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) slot[d][r] = ok && r < cols ? __ldg(next + r) : A(0);
@@ -360,6 +363,11 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
   constexpr int kTileCols = kWarp * R;
   A best = A(0);
   int64_t best_at = -1;
+  // Without positions to compare, each of a lane's R columns keeps its own maximum over a tile, so that
+  // a step tests no column against the target's end (folded into `best` after the tile).
+  A lane_best[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) lane_best[r] = A(0);
   const int tiles = (p.tn + kTileCols - 1) / kTileCols;
   const int64_t cols = table_columns(N, R);
   const Skewed<A, R> table{STORE ? out.table + p.b * M * cols : nullptr, int(M), cols};
@@ -411,7 +419,9 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
           src.take(d, v);
           const bool on = active && unsigned(i) < unsigned(p.qn);
           auto track_best = [&](A h, int r) {
-            if (r < valid) {
+            if (!STORE && R > 1) {
+              lane_best[r] = max_nan(lane_best[r], h);  // columns past the target are left out per tile
+            } else if (r < valid) {
               if (STORE) {
                 // Tiles run one after another, so compare positions: the first in row-major wins.
                 const int64_t at = int64_t(i) * N + col + r;
@@ -421,14 +431,6 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
               } else {
                 best = max_nan(best, h);
               }
-            }
-          };
-          auto finish_row = [&] {
-            if (STORE) store_row<A, R>(row_out.at, up, valid, true);  // 16-byte aligned
-            left_above = left;
-            if (has_next && lane == kWarp - 1) {
-              bnd_out[i] = up[R - 1];
-              if ((i + 1) % kWarp == 0 || i + 1 == p.qn) handoff.publish(tile, i + 1);
             }
           };
           if constexpr (R == 1) {
@@ -445,10 +447,6 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
             } else {
               best = on ? max_nan(best, h) : best;  // on: this lane is inside the target, valid == 1
             }
-            if (on && has_next && lane == kWarp - 1) {
-              bnd_out[i] = h;
-              if ((i + 1) % kWarp == 0 || i + 1 == p.qn) handoff.publish(tile, i + 1);
-            }
           } else {
             if (on) {
               A diag = left_above, left_gap = left + k.gap;
@@ -461,15 +459,28 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
                 up_gap[r] = left_gap;
                 track_best(h, r);
               }
-              finish_row();
+              if (STORE) store_row<A, R>(row_out.at, up, valid, true);  // 16-byte aligned
+              left_above = left;
             }
             last = up[R - 1];
+          }
+          // Outside the branch above: inside it, the compiler copied the step's registers once per path.
+          if (on && has_next && lane == kWarp - 1) {
+            bnd_out[i] = up[R - 1];
+            if ((i + 1) % kWarp == 0 || i + 1 == p.qn) handoff.publish(tile, i + 1);
           }
           if (STORE) row_out.step(+1);
           // Refill the slot only now that its values are used: the load can then land in the same
           // registers, and the loop carries no copy of a value still in flight.
           src.fetch(d, i + kDepth);
         }
+      }
+    }
+    if constexpr (!STORE && R > 1) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < valid) best = max_nan(best, lane_best[r]);
+        lane_best[r] = A(0);
       }
     }
     __syncwarp();  // lane 31's boundary writes are visible to lane 0 in the next tile
