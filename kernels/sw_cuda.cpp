@@ -213,6 +213,12 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   return grad_S;
 }
 
+// The call of inference on full pairs (no lengths, no DP table), with the fewest arguments and results
+// for pybind11 to convert: small batches are bound by the host's time per call.
+at::Tensor scores(const at::Tensor& S, double gap, double temperature) {
+  return forward(S, c10::nullopt, c10::nullopt, gap, temperature, false, 0)[0];
+}
+
 // The yardstick: allocate a (B,) result like the forward does, and launch an empty kernel.
 at::Tensor empty_launch(const at::Tensor& S) {
   TORCH_CHECK(S.is_cuda() && S.dim() == 3, "needs a 3-D CUDA tensor");
@@ -223,6 +229,7 @@ at::Tensor empty_launch(const at::Tensor& S) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "soft Smith-Waterman scores (and the DP table for backward)");
+  m.def("scores", &scores, "forward without lengths or DP table: the scores alone");
   m.def("forward_codes", &forward_codes, "scores of code pairs looked up in a substitution matrix");
   m.def("backward", &backward, "gradient of the scores with respect to the score matrix");
   m.def("empty_launch", &empty_launch, "an empty kernel launch, for the launch-overhead yardstick");

@@ -8,7 +8,7 @@
   steps:   seed-shaped batches (B = 16) of growing size in CUDA graph replay: the slope is the time of
            one wavefront step, the intercept the fixed cost of a launch; then the SM clock while the
            seed kernel runs back to back.
-  host:    host time per call (no synchronisation inside the loop) of the op, the engine call and the
+  host:    host time per call (no synchronisation inside the loop) of the op, the engine calls and the
            empty launch at the seed size: when the host is slower than the kernel, this is the rate.
 """
 
@@ -90,6 +90,7 @@ def host() -> None:
     calls = {
         "op soft_smith_waterman": lambda: swcli.soft_smith_waterman(S, -1.0, 1.0),
         "engine.forward": lambda: engine.forward(S, None, None, -1.0, 1.0, False, 0),
+        "engine.scores": lambda: engine.scores(S, -1.0, 1.0),
         "engine.empty_launch": lambda: engine.empty_launch(S),
     }
     for name, call in calls.items():
