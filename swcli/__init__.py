@@ -11,5 +11,7 @@ def __getattr__(name):
     if name in ("soft_smith_waterman", "SoftSmithWaterman"):
         from swcli import ops
 
-        return getattr(ops, name)
+        value = getattr(ops, name)
+        globals()[name] = value  # later lookups skip this function (it costs about 1 us per call)
+        return value
     raise AttributeError(f"module 'swcli' has no attribute {name!r}")
