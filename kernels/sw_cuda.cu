@@ -15,7 +15,8 @@
 // pair's score and nowhere else.
 //
 // Dense scores are loaded by each lane for its own row, kDepth steps ahead, into registers that stay
-// fixed across the unrolled steps. Scores from codes are looked up in the substitution matrix, held in
+// fixed across the unrolled steps; 1-column lanes (few pairs, latency-bound) load 32 rows at a time,
+// a block of steps ahead, and run a step without branches. Scores from codes are looked up in the substitution matrix, held in
 // shared memory. With a gradient to come, the forward also stores H in wavefront order (Skewed), so
 // that each step's stores and each backward step's loads are one contiguous row.
 #include <cuda_runtime.h>
