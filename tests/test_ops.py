@@ -532,6 +532,19 @@ def test_module_passes_lengths_and_backend():
     torch.testing.assert_close(compiled(S, qlen, tlen), expected, rtol=0, atol=1e-9)
 
 
+def test_package_exports_are_the_ops_kept_after_the_first_lookup():
+    # swcli imports swcli.ops lazily (so that `swcli --help` needs no torch); the first lookup keeps the
+    # result in the package, so that a loop calling swcli.soft_smith_waterman pays no import each call.
+    from swcli import ops
+
+    assert swcli.soft_smith_waterman is ops.soft_smith_waterman
+    assert swcli.SoftSmithWaterman is ops.SoftSmithWaterman
+    assert vars(swcli)["soft_smith_waterman"] is ops.soft_smith_waterman
+    assert vars(swcli)["SoftSmithWaterman"] is ops.SoftSmithWaterman
+    with pytest.raises(AttributeError, match="has no attribute 'soft_smith'"):
+        swcli.soft_smith
+
+
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("t", [0.0, 0.7])
 def test_reference_backend_is_the_reference(t, dtype):
