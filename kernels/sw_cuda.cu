@@ -423,18 +423,14 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
           src.take(d, v);
           const bool on = active && unsigned(i) < unsigned(p.qn);
           auto track_best = [&](A h, int r) {
-            if (!STORE && R > 1) {
+            if (!STORE) {
               lane_best[r] = max_nan(lane_best[r], h);  // columns past the target are left out per tile
             } else if (r < valid) {
-              if (STORE) {
-                // Tiles run one after another, so compare positions: the first in row-major wins.
-                const int64_t at = int64_t(i) * N + col + r;
-                const bool take = h != h ? (best == best || at < best_at)
-                                         : (h > best || (h == best && best_at >= 0 && at < best_at));
-                if (take) best = h, best_at = at;
-              } else {
-                best = max_nan(best, h);
-              }
+              // Tiles run one after another, so compare positions: the first in row-major wins.
+              const int64_t at = int64_t(i) * N + col + r;
+              const bool take = h != h ? (best == best || at < best_at)
+                                       : (h > best || (h == best && best_at >= 0 && at < best_at));
+              if (take) best = h, best_at = at;
             }
           };
           if constexpr (R == 1) {
@@ -446,10 +442,9 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
             up[0] = on ? h : up[0];
             up_gap[0] = on ? h + k.gap : up_gap[0];
             left_above = on ? left : left_above;
-            if (STORE) {
-              if (on) track_best(h, 0), store_row<A, R>(row_out.at, up, valid, true);
-            } else {
-              best = on ? max_nan(best, h) : best;  // on: this lane is inside the target, valid == 1
+            if (on) {
+              track_best(h, 0);
+              if (STORE) store_row<A, R>(row_out.at, up, valid, true);
             }
           } else {
             if (on) {
@@ -480,7 +475,7 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
         }
       }
     }
-    if constexpr (!STORE && R > 1) {
+    if constexpr (!STORE) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r < valid) best = max_nan(best, lane_best[r]);
