@@ -68,6 +68,7 @@ __device__ __forceinline__ double log2_(double x) { return log2(x); }
 __device__ __forceinline__ float finite_max(float) { return FLT_MAX; }
 __device__ __forceinline__ double finite_max(double) { return DBL_MAX; }
 
+
 template <typename A>
 struct Consts {
   A gap;
@@ -126,9 +127,12 @@ __device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int val
 
 // 4 rows ahead keep the issue-bound wide lanes fed. The 1-column sources that load per step (double,
 // codes) look 8 rows ahead: with float rows, 4, 8 and 16 gave 151, 141 and 138 ns per step on the H200
-// (DenseBlocks, which float now uses, gave 103).
-__host__ __device__ constexpr int source_depth(int R) { return R == 1 ? 8 : 4; }
+// (DenseBlocks, which float now uses, gave 103). A forward that stores H shares the memory with its
+// stores and looks 8 rows ahead too (dense 8192 x 256 x 256 on the H200: 1.67 instead of 1.78 ms).
+__host__ __device__ constexpr int source_depth(int R, bool store = false) { return R == 1 || store ? 8 : 4; }
 constexpr int kBackDepth = 8;  // the backward's (below): its steps wait on more memory
+constexpr int kDelay = 8;      // lanes whose gradient rows the backward writes together (below)
+static_assert((kDelay & (kDelay - 1)) == 0 && kWarp % kDelay == 0, "kDelay: a power of 2 dividing the warp");
 
 struct Pair {
   int64_t b;  // pair index
@@ -139,7 +143,7 @@ struct Pair {
 // Dense S (B, M, N), contiguous, read straight from global memory. Lane k reads row i = s - k: with
 // VEC (float, 4 columns per lane, rows 16-byte aligned) one 16-byte load; the neighbouring lane reads
 // the other half of the sector a step later, from L1.
-template <typename A, int R, bool VEC>
+template <typename A, int R, bool VEC, int DEPTH = source_depth(R)>
 struct DenseDirect {
   static_assert(!VEC || (sizeof(A) == 4 && R == 4), "16-byte rows are 4 floats");
   const A* S;
@@ -147,7 +151,7 @@ struct DenseDirect {
   const A* next;  // this lane's columns in the row of the next fetch (before the pair's rows: not read)
   int qn;         // rows to read: the query length, or 0 when this lane is past the matrix (VEC)
   int cols;       // this lane's columns inside the matrix: loads past N are skipped
-  static constexpr int kDepth = source_depth(R);
+  static constexpr int kDepth = DEPTH;
   A slot[kDepth][R];
 
   __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
@@ -281,20 +285,19 @@ struct Skewed {
   struct Cursor {
     A* at;
     A* first;  // row 0's
-    int64_t stride, span;  // one row, all M rows
+    A* last;   // row M - 1's
+    int64_t stride;  // one row
     __device__ __forceinline__ void step(int direction) {
-      if (direction > 0) {
-        at += stride;
-        if (at >= first + span) at -= span;
-      } else {
-        at = at == first ? at + span - stride : at - stride;
-      }
+      if (direction > 0)
+        at = at == last ? first : at + stride;
+      else
+        at = at == first ? last : at - stride;
     }
   };
   // Starting at storage row 0 (where a forward step's rows go at step 0).
   __device__ __forceinline__ Cursor cursor(int tile, int lane) const {
     A* const first = slot(tile, 0, lane);
-    return Cursor{first, first, width(tile), int64_t(M) * width(tile)};
+    return Cursor{first, first, first + int64_t(M - 1) * width(tile), width(tile)};
   }
   // Starting at the pair's row `row`.
   __device__ __forceinline__ Cursor cursor(int tile, int row, int lane) const {
@@ -367,11 +370,14 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
   constexpr int kTileCols = kWarp * R;
   A best = A(0);
   int64_t best_at = -1;
-  // Without positions to compare, each of a lane's R columns keeps its own maximum over a tile, so that
-  // a step tests no column against the target's end (folded into `best` after the tile).
+  // Each of a lane's R columns keeps its own maximum over a tile, folded into `best` after the tile, so
+  // that a step tests no column against the target's end. With STORE, the column also keeps the row of
+  // its first maximum (rows come in order, so only a strictly larger value, or a first NaN, replaces
+  // it), and the fold compares row-major positions.
   A lane_best[R];
+  int lane_best_row[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) lane_best[r] = A(0);
+  for (int r = 0; r < R; ++r) lane_best[r] = A(0), lane_best_row[r] = -1;
   const int tiles = (p.tn + kTileCols - 1) / kTileCols;
   const int64_t cols = table_columns(N, R);
   const Skewed<A, R> table{STORE ? out.table + p.b * M * cols : nullptr, int(M), cols};
@@ -424,13 +430,9 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
           const bool on = active && unsigned(i) < unsigned(p.qn);
           auto track_best = [&](A h, int r) {
             if (!STORE) {
-              lane_best[r] = max_nan(lane_best[r], h);  // columns past the target are left out per tile
-            } else if (r < valid) {
-              // Tiles run one after another, so compare positions: the first in row-major wins.
-              const int64_t at = int64_t(i) * N + col + r;
-              const bool take = h != h ? (best == best || at < best_at)
-                                       : (h > best || (h == best && best_at >= 0 && at < best_at));
-              if (take) best = h, best_at = at;
+              lane_best[r] = max_nan(lane_best[r], h);
+            } else if (lane_best[r] == lane_best[r] && !(h <= lane_best[r])) {  // larger, or the first NaN
+              lane_best[r] = h, lane_best_row[r] = i;
             }
           };
           if constexpr (R == 1) {
@@ -458,7 +460,9 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
                 up_gap[r] = left_gap;
                 track_best(h, r);
               }
-              if (STORE) store_row<A, R>(row_out.at, up, valid, true);  // 16-byte aligned
+              // All R values, 16-byte aligned: the table's rows are whole lanes wide, and the backward
+              // reads no column past the target.
+              if (STORE) store_row<A, R>(row_out.at, up, R, true);
               left_above = left;
             }
             last = up[R - 1];
@@ -475,12 +479,19 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
         }
       }
     }
-    if constexpr (!STORE) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {  // columns past the target are left out
+      if (!STORE) {
         if (r < valid) best = max_nan(best, lane_best[r]);
-        lane_best[r] = A(0);
+      } else if (r < valid && lane_best_row[r] >= 0) {  // a column that never passed 0 keeps the border
+        // Tiles run one after another, so compare positions: the first in row-major wins.
+        const A h = lane_best[r];
+        const int64_t at = int64_t(lane_best_row[r]) * N + col + r;
+        const bool take = h != h ? (best == best || at < best_at)
+                                 : (h > best || (h == best && best_at >= 0 && at < best_at));
+        if (take) best = h, best_at = at;
       }
+      lane_best[r] = A(0), lane_best_row[r] = -1;
     }
     __syncwarp();  // lane 31's boundary writes are visible to lane 0 in the next tile
   }
@@ -598,11 +609,11 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps)
 // left of a lane's strip goes to lane k-1 by shuffle, or across tiles through the per-pair buffer.
 
 // The rows a lane of the backward reads, kBackDepth - 1 steps ahead: the slot of the step that handles
-// row i holds H[i-1][col-1 .. col+R-1] (zero outside rows [0, rows) and on the border) and, at t = 0,
-// S[i][col .. col+R-1]. The step reads its own slot (the row above) and the previous step's (its own
-// row), then refills the previous step's slot: no value moves between registers. H comes from the
-// wavefront-ordered table, where the lanes of a step read one contiguous row; the column left of the
-// strip is the left neighbour's last value (for lane 0, lane 31's of the tile before).
+// row i holds H[i-1][col .. col+R-1] (zero outside rows [0, rows), and in columns past the target) and,
+// at t = 0, S[i][col .. col+R-1]. The step reads its own slot (the row above) and the previous step's
+// (its own row), then refills the previous step's slot: no value moves between registers. H comes from
+// the wavefront-ordered table, where the lanes of a step read one contiguous row. The column left of
+// the strip needs no load: it is the left neighbour's own row above, one row ahead (see the sweep).
 
 template <typename A, int R, bool SOFT>
 struct BackwardRows {
@@ -611,36 +622,25 @@ struct BackwardRows {
   const A* S;  // this pair's scores (t = 0 only)
   int64_t N;
   int rows, col, valid;
-  bool has_left;  // a column left of the strip (not the zero border)
-  // This lane's R values and its left neighbour's (lane 31's of the tile before, for lane 0) in the
-  // row of the next fetch; fetches go up one row at a time.
-  typename Skewed<const A, R>::Cursor mine, left;
+  typename Skewed<const A, R>::Cursor mine;  // this lane's R values in the row of the next fetch
 
-  A h[kBackDepth][R + 1];
+  A h[kBackDepth][R];
   A s[kBackDepth][R];
 
-  // Where the fetches of a tile start: the row above `first_row`.
+  // Where the fetches of a tile start: the row above `first_row`; fetches go up one row at a time.
   __device__ void begin_tile(int tile, int lane, int first_row) {
     const int above = first_row - 1 < 0 ? 0 : first_row - 1;  // below row 0 nothing is read
     mine = H.cursor(tile, above, lane);
-    // Lanes past the pair's columns (valid == 0) read nothing: their neighbour's slot may lie past the
-    // tile's width, in the last tile even past the table.
-    has_left = (lane > 0 || tile > 0) && valid > 0;
-    left = lane > 0 ? H.cursor(tile, above, lane - 1) : H.cursor(tile > 0 ? tile - 1 : 0, above, kWarp - 1);
-    if (first_row - 1 < 0) mine.step(-1), left.step(-1);
+    if (first_row - 1 < 0) mine.step(-1);
   }
   // Slot d for the step that handles row i: the row after the previous fetch's.
   __device__ __forceinline__ void fetch(int d, int i) {
     const int above = i - 1;
     if (unsigned(above) < unsigned(rows)) {
-      h[d][0] = has_left ? __ldg(left.at + R - 1) : A(0);
-      A v[R];
-      load_row_values<A, R>(mine.at, v, valid, true);  // 16-byte aligned
-#pragma unroll
-      for (int r = 0; r < R; ++r) h[d][r + 1] = v[r];
+      load_row_values<A, R>(mine.at, h[d], valid, true);  // 16-byte aligned
     } else {
 #pragma unroll
-      for (int r = 0; r <= R; ++r) h[d][r] = A(0);
+      for (int r = 0; r < R; ++r) h[d][r] = A(0);
     }
     if (!SOFT) {
       const bool ok = unsigned(i) < unsigned(rows);
@@ -648,7 +648,6 @@ struct BackwardRows {
       for (int r = 0; r < R; ++r) s[d][r] = ok && r < valid ? __ldg(S + int64_t(i) * N + col + r) : A(0);
     }
     mine.step(-1);
-    left.step(-1);
   }
 };
 
@@ -677,6 +676,11 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const int arg_i = int(arg / N), arg_j = int(arg % N);
   A* bnd = boundary ? boundary + b * M : nullptr;
   BackwardRows<A, R, SOFT> src;
+  // Each lane's gradient rows wait in shared memory (kDelay slots, by row) until the other lanes of its
+  // group of kDelay have computed the same row (see the sweep): lane-to-lane rows a step apart would
+  // write every 32-byte sector in two halves, at different times.
+  __shared__ __align__(16) unsigned char delay_bytes[kWarpsPerBlock * kDelay * kWarp * R * sizeof(A)];
+  A* const delay = reinterpret_cast<A*>(delay_bytes) + (int(threadIdx.x / kWarp) * kDelay * kWarp + lane) * R;
   const int64_t cols = table_columns(N, R);
   src.H = Skewed<const A, R>{table + b * M * cols, int(M), cols};
   src.S = S + b * M * N, src.N = N;
@@ -690,7 +694,6 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     const int valid = tn - col >= R ? R : (tn - col > 0 ? tn - col : 0);
     const int rank = lanes - 1 - lane;  // 0 for the rightmost lane, which leads; < 0: no columns here
     const bool from_right = tile < last_tile;
-    const int arg_r = (arg_j >= col && arg_j < col + R) ? arg_j - col : -1;
     src.col = col, src.valid = valid;
     // Lane k handles row i = rows - 1 - (s - rank) at step s; step s uses slot s % kBackDepth. The
     // slots start with steps -1 .. kBackDepth - 2 (step -1's row above is the row of step 0), fetched
@@ -699,42 +702,63 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     src.fetch(kBackDepth - 1, rows + rank);
 #pragma unroll
     for (int d = 0; d < kBackDepth - 1; ++d) src.fetch(d, rows - 1 - (d - rank));
-    A carry_up[R], carry_diag[R];  // E(i+1, c) w_up(i+1, c) and E(i+1, c) w_diag(i+1, c)
+    // E(i+1, c) w_up(i+1, c) and E(i+1, c) w_diag(i+1, c). The best cell's own E = 1 enters as the flow
+    // from below into its lane's first row, which is the best cell's row.
+    A carry_up[R], carry_diag[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) carry_up[r] = carry_diag[r] = A(0);
+    for (int r = 0; r < R; ++r) {
+      carry_up[r] = tile == last_tile && col + r == arg_j ? A(1) : A(0);
+      carry_diag[r] = A(0);
+    }
     A flow_out = A(0);  // flow into (i, col-1), handed to lane-1
-    // The rightmost lane takes the flow from the tile to its right out of bnd, a block of 32 rows per
-    // load, one block ahead (lane j: the row of step s0 + 32 + j).
-    A chunk = A(0), chunk_next = A(0);
-    if (from_right) chunk_next = rows - 1 - lane >= 0 ? bnd[rows - 1 - lane] : A(0);
+    // Blocks of 32 rows, loaded one block ahead (lane j: the row of step s0 + 32 + j), for the two
+    // values a step takes from outside the tile: the flow from the tile to the right (out of bnd, for
+    // the rightmost lane) and H of the column left of the tile (from the table, for lane 0).
+    A flow_chunk = A(0), flow_next = A(0), left_chunk = A(0), left_next = A(0);
+    auto load_blocks = [&](int s) {  // the rows of steps s .. s + 31, one per lane
+      const int right_row = rows - 1 - (s + lane), left_row = rows - 1 - (s + lane - (lanes - 1));
+      flow_next = from_right && right_row >= 0 ? bnd[right_row] : A(0);
+      left_next = tile > 0 && unsigned(left_row) < unsigned(rows) ? src.H.at(tile - 1, left_row, kWarp - 1)[R - 1]
+                                                                  : A(0);
+    };
+    load_blocks(0);
     const int steps = rows + lanes - 1;
     for (int s0 = 0; s0 < steps; s0 += kWarp) {
-      if (from_right) {  // the same for the whole warp
-        chunk = chunk_next;
-        const int ahead = rows - 1 - (s0 + kWarp + lane);
-        chunk_next = ahead >= 0 ? bnd[ahead] : A(0);
-      }
+      flow_chunk = flow_next, left_chunk = left_next;
+      load_blocks(s0 + kWarp);
       for (int j = 0; j < kWarp && s0 + j < steps; j += kBackDepth) {
 #pragma unroll
         for (int d = 0; d < kBackDepth; ++d) {
           const int i = rows - 1 - (s0 + j + d - rank);
-          A right = __shfl_down_sync(kFull, flow_out, 1);
-          const A from_boundary = __shfl_sync(kFull, chunk, j + d);
-          if (lane == lanes - 1) right = from_boundary;  // zero in the last tile
           const int dp = (d + kBackDepth - 1) % kBackDepth;  // the previous step's slot
-          const A(&above)[R + 1] = src.h[d];
-          const A(&cur)[R + 1] = src.h[dp];
+          const A(&above)[R] = src.h[d];
+          const A(&cur)[R] = src.h[dp];
+          // The flow from the right neighbour's last step; H[i][col-1]: lane k-1, a row below this lane,
+          // holds row i as its row above in this step's slot.
+          A right = __shfl_down_sync(kFull, flow_out, 1);
+          A left = __shfl_up_sync(kFull, above[R - 1], 1);
+          const A right_in = __shfl_sync(kFull, flow_chunk, j + d), left_in = __shfl_sync(kFull, left_chunk, j + d);
+          if (lane == lanes - 1) right = right_in;  // zero in the last tile
+          if (lane == 0) left = left_in;            // zero in the first tile (the border)
+          // t = 0 also compares the match term, from H[i-1][col-1]: lane k-1's row above in the next
+          // step's slot; for lane 0 the next step's value of the block.
+          A diag_left = A(0);
+          if (!SOFT) {
+            diag_left = __shfl_up_sync(kFull, src.h[(d + 1) % kBackDepth][R - 1], 1);
+            const A in_block = __shfl_sync(kFull, left_chunk, (j + d + 1) % kWarp);
+            const A in_next = __shfl_sync(kFull, left_next, 0);
+            if (lane == 0) diag_left = j + d + 1 < kWarp ? in_block : in_next;
+          }
           if (rank >= 0 && unsigned(i) < unsigned(rows)) {
-            // Columns past the pair (r >= valid) take no flow (e = 0), so they pass none on: no
-            // branch per cell. Their H are zeros, so their weights are finite.
             A g[R];
 #pragma unroll
             for (int r = R - 1; r >= 0; --r) {
+              // Columns past the target take no flow, so they pass none on (whatever their weights:
+              // the padding of S is arbitrary, NaN included).
               A e = right + carry_up[r];
-              if (i == arg_i && r == arg_r) e += A(1);
               e = r < valid ? e : A(0);
-              const A h = cur[r + 1];
-              const A xu = above[r + 1] + k.gap, xl = cur[r] + k.gap;
+              const A h = cur[r];
+              const A xu = above[r] + k.gap, xl = (r > 0 ? cur[r - 1] : left) + k.gap;
               A wd, wu, wl;
               if (SOFT) {
                 // The four softmax weights sum to 1: the match weight is what the others leave, so the
@@ -742,22 +766,33 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
                 wu = exp2_((xu - h) * k.c);
                 wl = exp2_((xl - h) * k.c);
                 wd = A(1) - wu - wl - exp2_(-h * k.c);
-                wd = wd < A(0) ? A(0) : wd;  // rounding; a NaN stays a NaN
+                wd = max_nan(wd, A(0));  // rounding; a NaN stays a NaN
               } else {
-                const A xd = above[r] + src.s[d][r];
+                const A xd = (r > 0 ? above[r - 1] : diag_left) + src.s[d][r];
                 const bool t1 = h != A(0) && xd == h;
                 const bool t2 = h != A(0) && !t1 && xu == h;
                 const bool t3 = h != A(0) && !t1 && !t2 && xl == h;
                 wd = t1, wu = t2, wl = t3;
               }
-              g[r] = grad * e * wd;
+              const A diag_flow = e * wd;
+              g[r] = grad * diag_flow;
               right = e * wl + carry_diag[r];
-              carry_diag[r] = e * wd;
+              carry_diag[r] = diag_flow;
               carry_up[r] = e * wu;
             }
-            store_row<A, R>(Gb + int64_t(i) * N + col, g, valid, N % 4 == 0);
+#pragma unroll
+            for (int r = 0; r < R; ++r) delay[(i & (kDelay - 1)) * kWarp * R + r] = g[r];
             flow_out = right;
             if (lane == 0 && tile > 0) bnd[i] = right;
+          }
+          // The gradient of row i + lane % kDelay, which this lane computed lane % kDelay steps ago: the
+          // kDelay lanes of a group write one row in the same step, whole 128-byte lines.
+          const int out_row = i + (lane & (kDelay - 1));
+          if (valid > 0 && unsigned(out_row) < unsigned(rows)) {
+            A g[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) g[r] = delay[(out_row & (kDelay - 1)) * kWarp * R + r];
+            store_row<A, R>(Gb + int64_t(out_row) * N + col, g, valid, N % 4 == 0);
           }
           // The previous step's slot is used up: it takes the step kBackDepth - 1 ahead.
           src.fetch(dp, i - (kBackDepth - 1));
@@ -799,12 +834,13 @@ cudaError_t launch_dense(const Problem& pr, const A* S, A* scores, A* table, int
     return cudaGetLastError();
   };
   if constexpr (sizeof(A) == 4 && R == 4) {
-    if (pr.N % 4 == 0 && reinterpret_cast<uintptr_t>(S) % 16 == 0) return go(DenseDirect<A, R, true>{});
+    if (pr.N % 4 == 0 && reinterpret_cast<uintptr_t>(S) % 16 == 0)
+      return go(DenseDirect<A, R, true, source_depth(R, STORE)>{});
   }
   if constexpr (sizeof(A) == 4 && R == 1)
     return go(DenseBlocks<A>{});
   else
-    return go(DenseDirect<A, R, false>{});
+    return go(DenseDirect<A, R, false, source_depth(R, STORE)>{});
 }
 
 }  // namespace
