@@ -759,6 +759,33 @@ class TestCudaBackend:
         assert out.device.type == "cuda"
         assert torch.equal(out, ssw(S, -1.0, 1.0, backend="cuda"))
 
+    @pytest.mark.parametrize("kwargs,message", [
+        ({"temperature": -0.5}, r"temperature must be >= 0"),
+        ({"temperature": float("nan")}, r"temperature must be a finite number"),
+        ({"temperature": float("inf")}, r"temperature must be a finite number"),
+        ({"gap": float("nan")}, r"gap must be a finite number"),
+        ({"gap": float("inf")}, r"gap must be a finite number"),
+        ({"backend": "gpu"}, r"unknown backend 'gpu'"),
+        ({"query_lengths": torch.tensor([1, 9, 2])}, r"query_lengths must lie in \[0, 5\]"),
+    ], ids=lambda x: repr(x)[:40] if isinstance(x, dict) else None)
+    def test_inference_path_checks_like_the_general_one(self, kwargs, message):
+        # float32 CUDA pairs without a gradient take a shorter path in the op: the same errors
+        S = torch.zeros(3, 5, 6, device=self.device)
+        with pytest.raises(ValueError, match=message):
+            ssw(S, **kwargs)
+        with pytest.raises(ValueError, match=r"must be 3-D"):
+            ssw(torch.zeros(5, 6, device=self.device))
+
+    def test_inference_path_equals_the_general_one(self):
+        S = random_scores((9, 17, 40), seed=9150, dtype=torch.float32, device=self.device)
+        general = ssw(S, -1.5, 0.7, backend="cuda")  # the explicit backend goes the general way
+        assert torch.equal(ssw(S, -1.5, 0.7), general)
+        assert torch.equal(ssw(S, np.float64(-1.5), 0.7), general)  # not a plain float: general way
+        assert torch.equal(swcli.SoftSmithWaterman(-1.5, 0.7)(S), general)
+        R = S.clone().requires_grad_()
+        out = ssw(R, -1.5, 0.7)  # a gradient: the autograd path, which keeps H
+        assert out.grad_fn is not None and torch.equal(out.detach(), general)
+
     def test_cpu_backend_refuses_cuda_tensors(self):
         with pytest.raises(ValueError, match=r"backend='cpu' needs the score matrix on the CPU"):
             ssw(torch.zeros(2, 3, 4, device=self.device), backend="cpu")
