@@ -68,7 +68,6 @@ __device__ __forceinline__ double log2_(double x) { return log2(x); }
 __device__ __forceinline__ float finite_max(float) { return FLT_MAX; }
 __device__ __forceinline__ double finite_max(double) { return DBL_MAX; }
 
-
 template <typename A>
 struct Consts {
   A gap;
