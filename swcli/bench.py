@@ -85,24 +85,26 @@ def random_pairs(records: list[FastaRecord], count: int, seed: int = 0) -> list[
     return [(rng.choice(records), rng.choice(records)) for _ in range(count)]
 
 
-def real_rows(backend: str, records: list[FastaRecord], repeats: int, count: int = 2048) -> list[Row]:
-    """Real-length pairs through the code-lookup path (the one the CLI uses), one chunk, no I/O."""
+def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> list[Row]:
+    """Real-length pairs through the code-lookup path (the one the CLI uses): one padded, length-sorted
+    batch on the backend's device, no I/O; seconds(run) times one run."""
     from swcli.batching import make_batches
 
+    device = "cuda" if backend == "cuda" else None
     matrix = load_matrix("BLOSUM62")
     pairs = random_pairs(records, count)
     q = [matrix.encode(a.sequence, a.where) for a, _ in pairs]
     t = [matrix.encode(b.sequence, b.where) for _, b in pairs]
-    (batch,) = make_batches(q, t, max_cells=1 << 62)
-    table = matrix.tensor()
+    (batch,) = make_batches(q, t, max_cells=1 << 62, device=device)
+    table = matrix.tensor(device=device)
     rows = []
     for temperature in (1.0, 0.0):
         def run():
             ops.soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, temperature,
                                           batch.query_lengths, batch.target_lengths, backend)
 
-        rows.append(Row(f"real pairs ({count})", backend, temperature, count, batch.cells,
-                        median_seconds(run, repeats), "BLOSUM62, gap -4, code lookup"))
+        rows.append(Row(f"real pairs ({count})", backend, temperature, count, batch.cells, seconds(run),
+                        "BLOSUM62, gap -4, codes looked up in the matrix"))
     return rows
 
 
@@ -218,27 +220,6 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
     return rows
 
 
-def cuda_real_rows(records: list[FastaRecord], calls: int, count: int = 10_000) -> list[Row]:
-    """Real-length pairs through the code lookup: one padded, length-sorted batch of `count` pairs."""
-    from swcli.batching import make_batches
-
-    matrix = load_matrix("BLOSUM62")
-    pairs = random_pairs(records, count)
-    q = [matrix.encode(a.sequence, a.where) for a, _ in pairs]
-    t = [matrix.encode(b.sequence, b.where) for _, b in pairs]
-    (batch,) = make_batches(q, t, max_cells=1 << 62, device="cuda")
-    table = matrix.tensor(device="cuda")
-    rows = []
-    for temperature in (1.0, 0.0):
-        def run():
-            ops.soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, temperature,
-                                          batch.query_lengths, batch.target_lengths, "cuda")
-
-        rows.append(Row(f"real pairs ({count})", "cuda", temperature, count, batch.cells,
-                        cuda_seconds(run, calls), "BLOSUM62, gap -4, codes + matrix in shared memory"))
-    return rows
-
-
 def gpu() -> str:
     props = torch.cuda.get_device_properties(0)
     return (f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB, "
@@ -262,10 +243,12 @@ def run_benchmarks(backend: str, fasta: str | None, pairs: int, repeats: int, as
     records = list(read_fasta(fasta or str(packaged_file("data", "example.fasta"))))
     if backend == "cuda":
         calls = max(repeats, 200)  # CUDA events are cheap: the median of many calls
-        rows = cuda_seed_rows(calls) + cuda_dense_rows(calls) + cuda_real_rows(records, calls)
+        rows = (cuda_seed_rows(calls) + cuda_dense_rows(calls)
+                + real_rows(backend, records, lambda run: cuda_seconds(run, calls), 10_000))
         where = f"{machine()}; GPU: {gpu()}"
     else:
-        rows = seed_rows(backend, repeats) + dense_rows(backend, repeats) + real_rows(backend, records, repeats)
+        rows = (seed_rows(backend, repeats) + dense_rows(backend, repeats)
+                + real_rows(backend, records, lambda run: median_seconds(run, repeats), 2048))
         where = machine()
     if pairs:
         rows += end_to_end_rows(backend, records, pairs)
