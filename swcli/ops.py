@@ -148,16 +148,6 @@ def soft_smith_waterman(
     backend: 'auto' (CUDA for GPU tensors, else the compiled CPU engine), 'cuda', 'cpu', or 'reference'
     (the Python loop). float16/bfloat16 are computed in float32; the result has the input's dtype.
     """
-    # The common inference call, checked in a few reads (the general path below takes twice as long,
-    # and a small batch is bound by the host's time per call): a float32 CUDA tensor of full pairs, with
-    # float arguments, no gradient. Anything else, and every error, goes the general way.
-    if (type(score_matrix) is torch.Tensor and score_matrix.is_cuda and backend == "auto"
-            and query_lengths is None and target_lengths is None
-            and type(gap) is float and type(temperature) is float
-            and -math.inf < gap < math.inf and 0.0 <= temperature < math.inf
-            and score_matrix.dtype is torch.float32 and score_matrix.dim() == 3
-            and not (score_matrix.requires_grad and torch.is_grad_enabled())):
-        return _build.cuda_engine().scores(score_matrix, gap, temperature)
     if not isinstance(score_matrix, torch.Tensor):
         raise ValueError(f"score_matrix must be a torch.Tensor, got {type(score_matrix).__name__}")
     if score_matrix.dim() != 3:

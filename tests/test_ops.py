@@ -768,22 +768,21 @@ class TestCudaBackend:
         ({"backend": "gpu"}, r"unknown backend 'gpu'"),
         ({"query_lengths": torch.tensor([1, 9, 2])}, r"query_lengths must lie in \[0, 5\]"),
     ], ids=lambda x: repr(x)[:40] if isinstance(x, dict) else None)
-    def test_inference_path_checks_like_the_general_one(self, kwargs, message):
-        # float32 CUDA pairs without a gradient take a shorter path in the op: the same errors
+    def test_cuda_tensors_raise_the_errors_of_cpu_tensors(self, kwargs, message):
         S = torch.zeros(3, 5, 6, device=self.device)
         with pytest.raises(ValueError, match=message):
             ssw(S, **kwargs)
         with pytest.raises(ValueError, match=r"must be 3-D"):
             ssw(torch.zeros(5, 6, device=self.device))
 
-    def test_inference_path_equals_the_general_one(self):
+    def test_every_entry_gives_the_same_scores(self):
         S = random_scores((9, 17, 40), seed=9150, dtype=torch.float32, device=self.device)
-        general = ssw(S, -1.5, 0.7, backend="cuda")  # the explicit backend goes the general way
+        general = ssw(S, -1.5, 0.7, backend="cuda")
         assert torch.equal(ssw(S, -1.5, 0.7), general)
-        assert torch.equal(ssw(S, np.float64(-1.5), 0.7), general)  # not a plain float: general way
+        assert torch.equal(ssw(S, np.float64(-1.5), 0.7), general)  # any real number as the gap
         assert torch.equal(swcli.SoftSmithWaterman(-1.5, 0.7)(S), general)
         R = S.clone().requires_grad_()
-        out = ssw(R, -1.5, 0.7)  # a gradient: the autograd path, which keeps H
+        out = ssw(R, -1.5, 0.7)  # with a gradient: the forward that keeps H
         assert out.grad_fn is not None and torch.equal(out.detach(), general)
 
     def test_cpu_backend_refuses_cuda_tensors(self):
