@@ -10,9 +10,9 @@
            seed kernel runs back to back.
   host:    host time per call (no synchronisation inside the loop) of the op, the engine calls and the
            empty launch at the seed size: when the host is slower than the kernel, this is the rate.
-  gradient: the dense 8192 x 256 x 256 forward, the forward that keeps H and the backward, each through
-           the engine (CUDA events, median of 10), and a checksum of the gradient: one line, to compare
-           kernel variants (tools/variants.sh).
+  gradient: swcli bench's dense rows (forward, forward + backward, the forward that keeps H, the
+           backward) with 10 calls each, and a checksum of the gradient: one line, to compare kernel
+           variants (tools/variants.sh).
 """
 
 import sys
@@ -114,20 +114,16 @@ def host() -> None:
     seconds = graph_seconds(calls["engine.forward"], 200, 10)
     print(f"graph replay: {seconds * 1e6:.2f} us per seed call")
 
-def gradient() -> None:
-    from swcli._build import cuda_engine
-    from swcli.bench import cuda_seconds
 
-    engine = cuda_engine()
-    S = torch.randn(8192, 256, 256, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
-    ones = torch.ones(8192, device="cuda")
-    _, table, best_at = engine.forward(S, None, None, -1.0, 1.0, True, 0)
-    forward = cuda_seconds(lambda: engine.scores(S, -1.0, 1.0), 10, warmup=2)
-    keep = cuda_seconds(lambda: engine.forward(S, None, None, -1.0, 1.0, True, 0), 10, warmup=2)
-    backward = cuda_seconds(lambda: engine.backward(ones, S, table, best_at, None, None, -1.0, 1.0, 0), 10, warmup=2)
-    grad = engine.backward(ones, S, table, best_at, None, None, -1.0, 1.0, 0)
-    print(f"forward {forward * 1e6:8.1f} us  keeping H {keep * 1e6:8.1f} us  backward {backward * 1e6:8.1f} us  "
-          f"(forward + both: {(keep + backward) / forward:.2f}x)  gradient sum {grad.double().sum().item():.6f}")
+def gradient() -> None:
+    from swcli.bench import cuda_dense_rows
+
+    torch.manual_seed(0)
+    rows = cuda_dense_rows(10)
+    S = torch.randn(8192, 256, 256, device="cuda", requires_grad=True)
+    swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()
+    print("; ".join(f"t={r.temperature:g} {r.note}: {r.seconds * 1e6:.1f} us" for r in rows)
+          + f"; gradient sum {S.grad.double().sum().item():.6f}")
 
 
 if __name__ == "__main__":
