@@ -88,9 +88,9 @@ __device__ __forceinline__ A cell(A diag, A up, A left, const Consts<A>& k) {
 }
 
 // Rows of R values: one 16-byte access per lane where the row allows it (the DP table and the gradient
-// are fresh allocations, so only N decides), else one access per value. The 16-byte accesses go through
-// the __stcg / __ldcg intrinsics: with a plain float4 store the compiler merged both branches into four
-// 4-byte stores.
+// are fresh allocations, so only N decides for the gradient; a lane's slots in the table are always
+// aligned), else one access per value. The 16-byte accesses go through the __stcg / __ldcg intrinsics:
+// with a plain float4 store the compiler merged both branches into four 4-byte stores.
 template <typename A, int R>
 __device__ __forceinline__ void store_row(A* dst, const A (&v)[R], int valid, bool vec) {
   if constexpr (R == 4 && sizeof(A) == 4) {
@@ -105,9 +105,9 @@ __device__ __forceinline__ void store_row(A* dst, const A (&v)[R], int valid, bo
 }
 
 template <typename A, int R>
-__device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int valid, bool vec) {
+__device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int valid) {
   if constexpr (R == 4 && sizeof(A) == 4) {
-    if (vec && valid == R) {
+    if (valid == R) {
       const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
       v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
       return;
@@ -636,7 +636,7 @@ struct BackwardRows {
   __device__ __forceinline__ void fetch(int d, int i) {
     const int above = i - 1;
     if (unsigned(above) < unsigned(rows)) {
-      load_row_values<A, R>(mine.at, h[d], valid, true);  // 16-byte aligned
+      load_row_values<A, R>(mine.at, h[d], valid);
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) h[d][r] = A(0);
