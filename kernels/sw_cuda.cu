@@ -25,6 +25,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "sw_cuda.h"
 
@@ -129,6 +130,9 @@ __device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int val
 // (DenseBlocks, which float now uses, gave 103). A forward that stores H shares the memory with its
 // stores and looks 8 rows ahead too (dense 8192 x 256 x 256 on the H200: 1.67 instead of 1.78 ms).
 __host__ __device__ constexpr int source_depth(int R, bool store = false) { return R == 1 || store ? 8 : 4; }
+#ifndef SWCLI_STORE_GROUP
+#define SWCLI_STORE_GROUP 4  // rows per group of the forward that stores H (DenseGroups); try 4 and 8
+#endif
 constexpr int kBackDepth = 8;  // the backward's (below): its steps wait on more memory
 constexpr int kDelay = 8;      // lanes whose gradient rows the backward writes together (below)
 static_assert((kDelay & (kDelay - 1)) == 0 && kWarp % kDelay == 0, "kDelay: a power of 2 dividing the warp");
@@ -215,6 +219,45 @@ struct DenseBlocks {
   }
   __device__ __forceinline__ void fetch(int, int) {}  // all loads are in start_block
   __device__ __forceinline__ void take(int d, A (&v)[1]) const { v[0] = cur[d]; }
+};
+
+// Dense float S for 4-column lanes in groups of G rows (the forward that stores H): at the start of each
+// group of G steps the rows loaded a group ago become current, and the next group's G loads start
+// together. A rolling prefetch refills one slot per step, and its loads share the warp's few scoreboards
+// with the stores of H, so a step could wait for a load issued just before it.
+template <int G>
+struct DenseGroups {
+  static constexpr int kDepth = G;
+  const float* S;
+  int64_t M, N;
+  const float* next;  // this lane's 4 columns in the first row of the next group to load
+  int row;            // that row of the pair (negative before its first row: nothing is read)
+  int qn;             // rows to read: the query length, or 0 when this lane is past the matrix
+  float4 cur[G], ahead[G];
+
+  __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
+    qn = col < N ? p.qn : 0;
+    next = S + p.b * M * N + col - int64_t(lane) * N;  // row -lane: lane k's row at step 0
+    row = -lane;
+    load_ahead();
+  }
+  __device__ __forceinline__ void load_ahead() {
+#pragma unroll
+    for (int m = 0; m < G; ++m)
+      if (unsigned(row + m) < unsigned(qn)) ahead[m] = __ldg(reinterpret_cast<const float4*>(next + m * N));
+    next += G * N;
+    row += G;
+  }
+  __device__ __forceinline__ void start_group() {
+#pragma unroll
+    for (int m = 0; m < G; ++m) cur[m] = ahead[m];
+    load_ahead();
+  }
+  __device__ __forceinline__ void start_block() {}
+  __device__ __forceinline__ void fetch(int, int) {}  // all loads are in start_group
+  __device__ __forceinline__ void take(int d, float (&v)[4]) const {
+    v[0] = cur[d].x, v[1] = cur[d].y, v[2] = cur[d].z, v[3] = cur[d].w;
+  }
 };
 
 // Scores looked up from uint8 codes in a K x K float32 matrix held in shared memory: the query codes
@@ -351,6 +394,11 @@ struct Relay {
   }
 };
 
+template <class T, class = void>
+struct has_start_group : std::false_type {};
+template <class T>
+struct has_start_group<T, std::void_t<decltype(std::declval<T&>().start_group())>> : std::true_type {};
+
 // The sweep of one warp over tiles first_tile, first_tile + stride, ... of one pair. Returns, in every
 // lane, the best cell value and (with STORE) its row-major position, -1 for the zero border.
 //
@@ -417,6 +465,7 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
       // Steps past `steps` (at most kDepth - 1; a block source leaves the block at `steps`) compute
       // nothing: every active lane is past its rows.
       for (int j = 0; j < kWarp && s0 + j < steps; j += kDepth) {
+        if constexpr (has_start_group<Source>::value) src.start_group();
 #pragma unroll
         for (int d = 0; d < kDepth; ++d) {
           if (kDepth == kWarp && s0 + d >= steps) break;  // a block source: the last block's tail
@@ -833,8 +882,12 @@ cudaError_t launch_dense(const Problem& pr, const A* S, A* scores, A* table, int
     return cudaGetLastError();
   };
   if constexpr (sizeof(A) == 4 && R == 4) {
-    if (pr.N % 4 == 0 && reinterpret_cast<uintptr_t>(S) % 16 == 0)
-      return go(DenseDirect<A, R, true, source_depth(R, STORE)>{});
+    if (pr.N % 4 == 0 && reinterpret_cast<uintptr_t>(S) % 16 == 0) {
+      if constexpr (STORE)
+        return go(DenseGroups<SWCLI_STORE_GROUP>{});
+      else
+        return go(DenseDirect<A, R, true>{});
+    }
   }
   if constexpr (sizeof(A) == 4 && R == 1)
     return go(DenseBlocks<A>{});
