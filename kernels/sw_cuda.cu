@@ -129,11 +129,9 @@ __device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int val
 // codes) look 8 rows ahead: with float rows, 4, 8 and 16 gave 151, 141 and 138 ns per step on the H200
 // (DenseBlocks, which float now uses, gave 103). A forward that stores H shares the memory with its
 // stores and looks 8 rows ahead too (dense 8192 x 256 x 256 on the H200: 1.67 instead of 1.78 ms).
+// Dense float rows load in groups instead (DenseGroups, below).
 __host__ __device__ constexpr int source_depth(int R, bool store = false) { return R == 1 || store ? 8 : 4; }
-#ifndef SWCLI_STORE_GROUP
-#define SWCLI_STORE_GROUP 4  // rows per group of the forward that stores H (DenseGroups); try 4 and 8
-#endif
-constexpr int kBackDepth = 8;  // the backward's (below): its steps wait on more memory
+constexpr int kBackGroup = 4;  // rows per group of the backward's loads (BackwardRows, below)
 constexpr int kDelay = 8;      // lanes whose gradient rows the backward writes together (below)
 static_assert((kDelay & (kDelay - 1)) == 0 && kWarp % kDelay == 0, "kDelay: a power of 2 dividing the warp");
 
@@ -143,16 +141,14 @@ struct Pair {
   int tn;     // target length
 };
 
-// Dense S (B, M, N), contiguous, read straight from global memory. Lane k reads row i = s - k: with
-// VEC (float, 4 columns per lane, rows 16-byte aligned) one 16-byte load; the neighbouring lane reads
-// the other half of the sector a step later, from L1.
-template <typename A, int R, bool VEC, int DEPTH = source_depth(R)>
+// Dense S (B, M, N), contiguous, read straight from global memory, one value at a time: lane k reads
+// row i = s - k. For double, and for float rows that are not 16-byte aligned.
+template <typename A, int R, int DEPTH = source_depth(R)>
 struct DenseDirect {
-  static_assert(!VEC || (sizeof(A) == 4 && R == 4), "16-byte rows are 4 floats");
   const A* S;
   int64_t M, N;
   const A* next;  // this lane's columns in the row of the next fetch (before the pair's rows: not read)
-  int qn;         // rows to read: the query length, or 0 when this lane is past the matrix (VEC)
+  int qn;         // rows to read: the query length
   int cols;       // this lane's columns inside the matrix: loads past N are skipped
   static constexpr int kDepth = DEPTH;
   A slot[kDepth][R];
@@ -160,21 +156,13 @@ struct DenseDirect {
   __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
     const int64_t left = N - col;
     cols = left >= R ? R : (left > 0 ? int(left) : 0);
-    qn = VEC && cols == 0 ? 0 : p.qn;
+    qn = p.qn;
     next = S + p.b * M * N + col - int64_t(lane) * N;  // row -lane, fetched at step 0
   }
   __device__ __forceinline__ void fetch(int d, int i) {
     const bool ok = unsigned(i) < unsigned(qn);
-    if constexpr (VEC) {
-      // Rows outside the pair leave the slot as it was: a lane off its rows computes no cell.
-      if (ok) {
-        const float4 x = __ldg(reinterpret_cast<const float4*>(next));
-        slot[d][0] = x.x, slot[d][1] = x.y, slot[d][2] = x.z, slot[d][3] = x.w;
-      }
-    } else {
 #pragma unroll
-      for (int r = 0; r < R; ++r) slot[d][r] = ok && r < cols ? __ldg(next + r) : A(0);
-    }
+    for (int r = 0; r < R; ++r) slot[d][r] = ok && r < cols ? __ldg(next + r) : A(0);
     next += N;
   }
   __device__ __forceinline__ void take(int d, A (&v)[R]) const {
@@ -221,10 +209,14 @@ struct DenseBlocks {
   __device__ __forceinline__ void take(int d, A (&v)[1]) const { v[0] = cur[d]; }
 };
 
-// Dense float S for 4-column lanes in groups of G rows (the forward that stores H): at the start of each
+// Dense float S for 4-column lanes, rows 16-byte aligned, in groups of G rows: at the start of each
 // group of G steps the rows loaded a group ago become current, and the next group's G loads start
-// together. A rolling prefetch refills one slot per step, and its loads share the warp's few scoreboards
-// with the stores of H, so a step could wait for a load issued just before it.
+// together, one 16-byte load per lane and row (the neighbouring lane reads the other half of the
+// sector a step later, from L1). A rolling prefetch, one slot refilled per step, waited in the compiled
+// code for the load issued a step before: the loads share the warp's few scoreboards (with the stores
+// of H, in the forward that keeps them). Dense 8192 x 256 x 256 on the H200, rolling 4 or 8 rows ahead
+// against groups: t = 1 0.935 ms, groups of 4 0.914; t = 0 0.857, groups of 8 0.682; keeping H
+// 1.64 ms, groups of 8 1.43 (groups of 4: 1.65).
 template <int G>
 struct DenseGroups {
   static constexpr int kDepth = G;
@@ -656,44 +648,69 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps)
 // columns as in the forward; the rightmost lane starts at the last row, and the flow into the column
 // left of a lane's strip goes to lane k-1 by shuffle, or across tiles through the per-pair buffer.
 
-// The rows a lane of the backward reads, kBackDepth - 1 steps ahead: the slot of the step that handles
-// row i holds H[i-1][col .. col+R-1] (zero outside rows [0, rows), and in columns past the target) and,
-// at t = 0, S[i][col .. col+R-1]. The step reads its own slot (the row above) and the previous step's
-// (its own row), then refills the previous step's slot: no value moves between registers. H comes from
-// the wavefront-ordered table, where the lanes of a step read one contiguous row. The column left of
-// the strip needs no load: it is the left neighbour's own row above, one row ahead (see the sweep).
-
+// The rows a lane of the backward reads, in groups of kBackGroup steps: at the start of each group the
+// rows loaded a group ago become current, and the next group's loads start together. The step that
+// handles row i takes H[i-1][col .. col+R-1] (zero outside rows [0, rows), and in columns past the
+// target) as its row above, the previous step's row above as its own row, and, at t = 0,
+// S[i][col .. col+R-1]. H comes from the wavefront-ordered table, where the lanes of a step read one
+// contiguous row. The column left of the strip needs no load: it is the left neighbour's own row
+// above, one row ahead (see the sweep). A load per step into a ring of slots waited, in the compiled
+// code, for the load issued a step before (all the loads share one scoreboard): the profile's largest
+// stall. Dense 8192 x 256 x 256 on the H200: a ring of 8 rows 1.49 ms; groups of 4 1.34 ms; groups of 8
+// 1.46 ms (159 registers: 12 warps per SM instead of 16); groups of 4 with L2 prefetches of the rows
+// 4 or 8 further up 1.36 and 1.42 ms.
 template <typename A, int R, bool SOFT>
 struct BackwardRows {
-  static_assert(kWarp % kBackDepth == 0, "a block of 32 steps holds whole groups of kBackDepth steps");
+  static constexpr int G = kBackGroup;
+  static_assert(kWarp % G == 0, "a block of 32 steps holds whole groups");
   Skewed<const A, R> H;
   const A* S;  // this pair's scores (t = 0 only)
   int64_t N;
   int rows, col, valid;
-  typename Skewed<const A, R>::Cursor mine;  // this lane's R values in the row of the next fetch
+  typename Skewed<const A, R>::Cursor mine;  // this lane's R values in the row of the next load
+  int next;  // the row of the step whose values the next load fetches
 
-  A h[kBackDepth][R];
-  A s[kBackDepth][R];
+  // h[0]: the row above of the step before the group; h[1 + d]: step d's row above. s[d]: step d's S.
+  A h[G + 1][R], s[G][R];
+  A h_ahead[G][R], s_ahead[G][R];  // the next group's, in flight
 
-  // Where the fetches of a tile start: the row above `first_row`; fetches go up one row at a time.
+  // A tile's rows: step -1 handles `first_row`, and each step one row up.
   __device__ void begin_tile(int tile, int lane, int first_row) {
     const int above = first_row - 1 < 0 ? 0 : first_row - 1;  // below row 0 nothing is read
     mine = H.cursor(tile, above, lane);
     if (first_row - 1 < 0) mine.step(-1);
+    next = first_row;
+    A unused[R];
+    load(h[G], unused);  // step -1's row above: the first group's h[0]
+#pragma unroll
+    for (int m = 0; m < G; ++m) load(h_ahead[m], s_ahead[m]);
   }
-  // Slot d for the step that handles row i: the row after the previous fetch's.
-  __device__ __forceinline__ void fetch(int d, int i) {
-    const int above = i - 1;
-    if (unsigned(above) < unsigned(rows)) {
-      load_row_values<A, R>(mine.at, h[d], valid);
+  __device__ __forceinline__ void start_group() {
+#pragma unroll
+    for (int r = 0; r < R; ++r) h[0][r] = h[G][r];
+#pragma unroll
+    for (int m = 0; m < G; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) h[1 + m][r] = h_ahead[m][r], s[m][r] = s_ahead[m][r];
+#pragma unroll
+    for (int m = 0; m < G; ++m) load(h_ahead[m], s_ahead[m]);
+  }
+  // The row above of the step after step d (t = 0 compares the match term from it).
+  __device__ __forceinline__ const A (&above_next(int d) const)[R] { return d + 1 < G ? h[d + 2] : h_ahead[0]; }
+
+ private:
+  __device__ __forceinline__ void load(A (&hv)[R], A (&sv)[R]) {
+    const int i = next--;
+    if (unsigned(i - 1) < unsigned(rows)) {
+      load_row_values<A, R>(mine.at, hv, valid);
     } else {
 #pragma unroll
-      for (int r = 0; r < R; ++r) h[d][r] = A(0);
+      for (int r = 0; r < R; ++r) hv[r] = A(0);
     }
     if (!SOFT) {
       const bool ok = unsigned(i) < unsigned(rows);
 #pragma unroll
-      for (int r = 0; r < R; ++r) s[d][r] = ok && r < valid ? __ldg(S + int64_t(i) * N + col + r) : A(0);
+      for (int r = 0; r < R; ++r) sv[r] = ok && r < valid ? __ldg(S + int64_t(i) * N + col + r) : A(0);
     }
     mine.step(-1);
   }
@@ -743,13 +760,8 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     const int rank = lanes - 1 - lane;  // 0 for the rightmost lane, which leads; < 0: no columns here
     const bool from_right = tile < last_tile;
     src.col = col, src.valid = valid;
-    // Lane k handles row i = rows - 1 - (s - rank) at step s; step s uses slot s % kBackDepth. The
-    // slots start with steps -1 .. kBackDepth - 2 (step -1's row above is the row of step 0), fetched
-    // in that order, one row up each.
+    // Lane k handles row i = rows - 1 - (s - rank) at step s.
     src.begin_tile(tile, lane, rows + rank);  // the row of step -1
-    src.fetch(kBackDepth - 1, rows + rank);
-#pragma unroll
-    for (int d = 0; d < kBackDepth - 1; ++d) src.fetch(d, rows - 1 - (d - rank));
     // E(i+1, c) w_up(i+1, c) and E(i+1, c) w_diag(i+1, c). The best cell's own E = 1 enters as the flow
     // from below into its lane's first row, which is the best cell's row.
     A carry_up[R], carry_diag[R];
@@ -773,14 +785,14 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     const int steps = rows + lanes - 1;
     for (int s0 = 0; s0 < steps; s0 += kWarp) {
       flow_chunk = flow_next, left_chunk = left_next;
-      load_blocks(s0 + kWarp);
-      for (int j = 0; j < kWarp && s0 + j < steps; j += kBackDepth) {
+      for (int j = 0; j < kWarp && s0 + j < steps; j += kBackGroup) {
+        src.start_group();
+        if (j == 0) load_blocks(s0 + kWarp);  // after the group's start, which waits for all loads in flight
 #pragma unroll
-        for (int d = 0; d < kBackDepth; ++d) {
+        for (int d = 0; d < kBackGroup; ++d) {
           const int i = rows - 1 - (s0 + j + d - rank);
-          const int dp = (d + kBackDepth - 1) % kBackDepth;  // the previous step's slot
-          const A(&above)[R] = src.h[d];
-          const A(&cur)[R] = src.h[dp];
+          const A(&above)[R] = src.h[d + 1];
+          const A(&cur)[R] = src.h[d];
           // The flow from the right neighbour's last step; H[i][col-1]: lane k-1, a row below this lane,
           // holds row i as its row above in this step's slot.
           A right = __shfl_down_sync(kFull, flow_out, 1);
@@ -792,7 +804,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
           // step's slot; for lane 0 the next step's value of the block.
           A diag_left = A(0);
           if (!SOFT) {
-            diag_left = __shfl_up_sync(kFull, src.h[(d + 1) % kBackDepth][R - 1], 1);
+            diag_left = __shfl_up_sync(kFull, src.above_next(d)[R - 1], 1);
             const A in_block = __shfl_sync(kFull, left_chunk, (j + d + 1) % kWarp);
             const A in_next = __shfl_sync(kFull, left_next, 0);
             if (lane == 0) diag_left = j + d + 1 < kWarp ? in_block : in_next;
@@ -842,8 +854,6 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
             for (int r = 0; r < R; ++r) g[r] = delay[(out_row & (kDelay - 1)) * kWarp * R + r];
             store_row<A, R>(Gb + int64_t(out_row) * N + col, g, valid, N % 4 == 0);
           }
-          // The previous step's slot is used up: it takes the step kBackDepth - 1 ahead.
-          src.fetch(dp, i - (kBackDepth - 1));
         }
       }
     }
@@ -871,28 +881,28 @@ cudaError_t launch_dense(const Problem& pr, const A* S, A* scores, A* table, int
                          A* boundary, double gap, double t, cudaStream_t stream) {
   const Consts<A> k = consts<A>(gap, t);
   const Outputs<A> out{scores, table, best_at, boundary};
-  auto go = [&](auto src) {
+  auto launch = [&](auto soft, auto src) {
     src.S = S, src.M = pr.M, src.N = pr.N;
-    if (t > 0)
-      forward_kernel<A, R, true, STORE><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
-          src, k, out, pr.qlen, pr.tlen, pr.order, pr.B, pr.M, pr.N);
-    else
-      forward_kernel<A, R, false, STORE><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
-          src, k, out, pr.qlen, pr.tlen, pr.order, pr.B, pr.M, pr.N);
+    forward_kernel<A, R, decltype(soft)::value, STORE><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
+        src, k, out, pr.qlen, pr.tlen, pr.order, pr.B, pr.M, pr.N);
     return cudaGetLastError();
+  };
+  // The source for t > 0 and the one for t = 0.
+  auto go = [&](auto soft_src, auto hard_src) {
+    return t > 0 ? launch(std::true_type{}, soft_src) : launch(std::false_type{}, hard_src);
   };
   if constexpr (sizeof(A) == 4 && R == 4) {
     if (pr.N % 4 == 0 && reinterpret_cast<uintptr_t>(S) % 16 == 0) {
       if constexpr (STORE)
-        return go(DenseGroups<SWCLI_STORE_GROUP>{});
+        return go(DenseGroups<8>{}, DenseGroups<8>{});
       else
-        return go(DenseDirect<A, R, true>{});
+        return go(DenseGroups<4>{}, DenseGroups<8>{});
     }
   }
   if constexpr (sizeof(A) == 4 && R == 1)
-    return go(DenseBlocks<A>{});
+    return go(DenseBlocks<A>{}, DenseBlocks<A>{});
   else
-    return go(DenseDirect<A, R, false, source_depth(R, STORE)>{});
+    return go(DenseDirect<A, R, source_depth(R, STORE)>{}, DenseDirect<A, R, source_depth(R, STORE)>{});
 }
 
 }  // namespace
