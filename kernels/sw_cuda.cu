@@ -14,9 +14,10 @@
 // reference, so a gap step adds exactly the same float. max.NaN / min.NaN carry a NaN in S to that
 // pair's score and nowhere else.
 //
-// Dense scores are loaded by each lane for its own row, kDepth steps ahead, into registers that stay
-// fixed across the unrolled steps; float 1-column lanes (few pairs, latency-bound) load 32 rows at a
-// time, a block of steps ahead, and run a step without branches. Scores from codes are looked up in
+// Dense scores are loaded by each lane for its own row into registers ahead of use: 16-byte float rows
+// in groups of 4 or 8 steps, a group ahead (DenseGroups); other rows kDepth steps ahead, into registers
+// that stay fixed across the unrolled steps; float 1-column lanes (few pairs, latency-bound) 32 rows at
+// a time, a block of steps ahead, with a step without branches. Scores from codes are looked up in
 // the substitution matrix, held in shared memory. With a gradient to come, the forward also stores H
 // in wavefront order (Skewed), so that each step's stores and each backward step's loads are one
 // contiguous row.
@@ -123,7 +124,8 @@ __device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int val
 // in flight in registers: fetch(d, i) starts the loads of row i into slot d, take(d, v) hands over
 // what that slot holds. The sweep unrolls its steps by kDepth and step s uses slot s % kDepth, so a
 // row is fetched kDepth steps before it is used and the slots are compile-time register indices.
-// start_block() is called at the start of each block of 32 steps (DenseBlocks loads there).
+// start_block() is called at the start of each block of 32 steps (DenseBlocks loads there), and
+// start_group(), where a source has it, at the start of each group of kDepth steps (DenseGroups).
 
 // 4 rows ahead keep the issue-bound wide lanes fed. The 1-column sources that load per step (double,
 // codes) look 8 rows ahead: with float rows, 4, 8 and 16 gave 151, 141 and 138 ns per step on the H200
@@ -215,7 +217,7 @@ struct DenseBlocks {
 // sector a step later, from L1). A rolling prefetch, one slot refilled per step, waited in the compiled
 // code for the load issued a step before: the loads share the warp's few scoreboards (with the stores
 // of H, in the forward that keeps them). Dense 8192 x 256 x 256 on the H200, rolling 4 or 8 rows ahead
-// against groups: t = 1 0.935 ms, groups of 4 0.914; t = 0 0.857, groups of 8 0.682; keeping H
+// against groups: t = 1 0.935 ms, groups of 4 0.914; t = 0 0.858, groups of 8 0.682; keeping H
 // 1.64 ms, groups of 8 1.43 (groups of 4: 1.65).
 template <int G>
 struct DenseGroups {
@@ -658,7 +660,8 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps)
 // code, for the load issued a step before (all the loads share one scoreboard): the profile's largest
 // stall. Dense 8192 x 256 x 256 on the H200: a ring of 8 rows 1.49 ms; groups of 4 1.34 ms; groups of 8
 // 1.46 ms (159 registers: 12 warps per SM instead of 16); groups of 4 with L2 prefetches of the rows
-// 4 or 8 further up 1.36 and 1.42 ms.
+// 4 or 8 further up 1.36 and 1.42 ms; H copied by cp.async into a ring in shared memory 1.31 ms (left
+// out: a second source of rows, with its own PTX, for 2%).
 template <typename A, int R, bool SOFT>
 struct BackwardRows {
   static constexpr int G = kBackGroup;
