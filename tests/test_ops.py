@@ -987,6 +987,24 @@ class TestCudaBackend:
         (ssw(G, -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda") * weights.cuda()).sum().backward()
         torch.testing.assert_close(G.grad.cpu(), S.grad, rtol=0, atol=1e-9)
 
+    @pytest.mark.parametrize("t", [0.0, 1.0])
+    def test_gradient_float32_4_column_lanes(self, t):
+        # float32 with 4 columns per lane: the forward that keeps H and the backward load their rows in
+        # groups of 8 and 4 steps (DenseGroups, BackwardRows). Random lengths end the rows anywhere in a
+        # group; 300 columns are 2 tiles of 128 and one of 44.
+        B, M, N = 1100, 37, 300
+        S = random_scores((B, M, N), seed=9980, dtype=torch.float32)
+        qlen, tlen = random_lengths(B, M, seed=9981), random_lengths(B, N, seed=9982)
+        G = S.cuda().requires_grad_()
+        scores = ssw(G, -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
+        # the forward that keeps H scores as the one that does not
+        assert torch.equal(scores.detach(), ssw(S.cuda(), -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda"))
+        scores.sum().backward()
+        exact = S.double().requires_grad_()
+        ssw(exact, -1.0, t, qlen, tlen, backend="cpu").sum().backward()
+        torch.testing.assert_close(G.grad.cpu().double(), exact.grad, rtol=0, atol=1e-4)
+        assert (G.grad.cpu()[window_mask(B, M, N, qlen, tlen)] == 0).all()
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
 def test_cuda_engine_without_a_gpu_is_an_error_not_a_fallback():
