@@ -3,7 +3,7 @@
 #   tools/h200.sh STAGE...   with stages: build, test (the cuda-marked suite), gpu-all (every test on
 #   the GPU machine), bench, sanitize, e2e (swcli align on a 100k-pair FASTA), profile (an ncu report of
 #   tools/profile_workloads.py $NCU_WORKLOAD: kernels (default), train or latency), steps (seed-shaped batches of growing
-#   size in graph replay), host (time per call on the host)
+#   size in graph replay), host (time per call on the host), clocks (SM clock and power under the dense forward)
 # Needs .whl (biopython, from ../shared/tools/device-prep) and .bench/proteins.fasta, both carried.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -56,6 +56,28 @@ PY
       # (nvcc -arch=sm_90 -cubin) and read it with the nvidia-cuda-cuobjdump / -nvdisasm wheels.
       timeout 240 ncu --clock-control none --set ${NCU_SET:-full} -k regex:"forward|codes|backward" -c ${NCU_COUNT:-4} \
         -o "$OUT/kernels" python3 tools/profile_workloads.py ${NCU_WORKLOAD:-kernels} > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?" ;;
+    clocks)
+      # the SM clock, power and throttle reasons while the dense t=1 forward runs back to back for 6 s
+      cat > /tmp/clocks.py <<'PY'
+import subprocess, threading, time, torch, swcli
+S = torch.randn(8192, 256, 256, device="cuda")
+swcli.soft_smith_waterman(S, -1.0, 1.0); torch.cuda.synchronize()
+samples, running = [], True
+def sample():
+    while running:
+        samples.append(subprocess.run(["nvidia-smi", "--format=csv,noheader", "--query-gpu=clocks.sm,power.draw,"
+                                       "temperature.gpu,clocks_throttle_reasons.active"], capture_output=True, text=True).stdout.strip())
+        time.sleep(0.5)
+thread = threading.Thread(target=sample); thread.start()
+start, end, times, began = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), [], time.time()
+while time.time() - began < 6:
+    start.record(); swcli.soft_smith_waterman(S, -1.0, 1.0); end.record(); end.synchronize()
+    times.append(start.elapsed_time(end) * 1e3)
+running = False; thread.join(); times.sort()
+print(f"dense t=1 forward: median {times[len(times) // 2]:.1f} us over {len(times)} calls; SM clock, power, temperature, throttle reasons:")
+print("\n".join(samples[2:8]))
+PY
+      python3 /tmp/clocks.py 2>&1 | tee "$OUT/clocks.txt" ;;
     steps)
       python3 tools/profile_workloads.py steps 2>&1 | tee "$OUT/steps.txt" ;;
     host)
