@@ -26,7 +26,6 @@
 #include <cfloat>
 #include <cstdint>
 #include <type_traits>
-#include <utility>
 
 #include "sw_cuda.h"
 
@@ -125,7 +124,7 @@ __device__ __forceinline__ void load_row_values(const A* src, A (&v)[R], int val
 // what that slot holds. The sweep unrolls its steps by kDepth and step s uses slot s % kDepth, so a
 // row is fetched kDepth steps before it is used and the slots are compile-time register indices.
 // start_block() is called at the start of each block of 32 steps (DenseBlocks loads there), and
-// start_group(), where a source has it, at the start of each group of kDepth steps (DenseGroups).
+// start_group() at the start of each group of kDepth steps (DenseGroups loads there).
 
 // 4 rows ahead keep the issue-bound wide lanes fed. The 1-column sources that load per step (double,
 // codes) look 8 rows ahead: with float rows, 4, 8 and 16 gave 151, 141 and 138 ns per step on the H200
@@ -172,6 +171,7 @@ struct DenseDirect {
     for (int r = 0; r < R; ++r) v[r] = slot[d][r];
   }
   __device__ __forceinline__ void start_block() {}
+  __device__ __forceinline__ void start_group() {}
 };
 
 // Dense float S for 1-column lanes, 32 rows at a time. Such a lane's sweep is one chain of dependent
@@ -207,6 +207,7 @@ struct DenseBlocks {
     for (int m = 0; m < kWarp; ++m) cur[m] = ahead[m];
     load_ahead();
   }
+  __device__ __forceinline__ void start_group() {}
   __device__ __forceinline__ void fetch(int, int) {}  // all loads are in start_block
   __device__ __forceinline__ void take(int d, A (&v)[1]) const { v[0] = cur[d]; }
 };
@@ -218,7 +219,9 @@ struct DenseBlocks {
 // code for the load issued a step before: the loads share the warp's few scoreboards (with the stores
 // of H, in the forward that keeps them). Dense 8192 x 256 x 256 on the H200, rolling 4 or 8 rows ahead
 // against groups: t = 1 0.935 ms, groups of 4 0.914; t = 0 0.858, groups of 8 0.682; keeping H
-// 1.64 ms, groups of 8 1.43 (groups of 4: 1.65).
+// 1.64 ms, groups of 8 1.43 (groups of 4: 1.65). DenseBlocks is the same scheme for 1-column lanes
+// (groups of 32, started with the block, rows off the pair zeroed); one template for both changes the
+// code of those latency-bound kernels, which has not been measured.
 template <int G>
 struct DenseGroups {
   static constexpr int kDepth = G;
@@ -285,6 +288,7 @@ struct Codes {
     for (int r = 0; r < R; ++r) v[r] = m[offs[r]];
   }
   __device__ __forceinline__ void start_block() {}
+  __device__ __forceinline__ void start_group() {}
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -388,11 +392,6 @@ struct Relay {
   }
 };
 
-template <class T, class = void>
-struct has_start_group : std::false_type {};
-template <class T>
-struct has_start_group<T, std::void_t<decltype(std::declval<T&>().start_group())>> : std::true_type {};
-
 // The sweep of one warp over tiles first_tile, first_tile + stride, ... of one pair. Returns, in every
 // lane, the best cell value and (with STORE) its row-major position, -1 for the zero border.
 //
@@ -459,7 +458,7 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
       // Steps past `steps` (at most kDepth - 1; a block source leaves the block at `steps`) compute
       // nothing: every active lane is past its rows.
       for (int j = 0; j < kWarp && s0 + j < steps; j += kDepth) {
-        if constexpr (has_start_group<Source>::value) src.start_group();
+        src.start_group();
 #pragma unroll
         for (int d = 0; d < kDepth; ++d) {
           if (kDepth == kWarp && s0 + d >= steps) break;  // a block source: the last block's tail
