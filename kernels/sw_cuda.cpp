@@ -91,6 +91,15 @@ Plan plan_for(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& 
   return plan;
 }
 
+// The device counter of pairs scored in log space (see forward), checked, or null.
+int* counter_or_null(const c10::optional<at::Tensor>& counter, const at::Tensor& like) {
+  if (!counter.has_value()) return nullptr;
+  TORCH_CHECK(counter->is_cuda() && counter->device() == like.device() && counter->scalar_type() == at::kInt &&
+                  counter->numel() == 1,
+              "log_pairs must be a (1,) int32 tensor on the inputs' device");
+  return counter->data_ptr<int>();
+}
+
 template <typename T>
 T* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
@@ -99,9 +108,12 @@ T* ptr_or_null(const at::Tensor& t) {
 }  // namespace
 
 // (scores (B,), H (B, M, N) or None, best_at (B,) or None). S: float32 or float64 on a CUDA device.
+// scaled: allow the scaled sweep (float, t > 0, 4 columns per lane, no DP table); log_pairs: a (1,) int32
+// CUDA tensor to which the kernel adds the number of such pairs it scored in log space instead.
 std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::Tensor>& qlen,
                                         const c10::optional<at::Tensor>& tlen, double gap, double temperature,
-                                        bool keep_dp_table, int64_t lane_columns) {
+                                        bool keep_dp_table, int64_t lane_columns, bool scaled,
+                                        const c10::optional<at::Tensor>& log_pairs) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
               "the CUDA engine takes float32 or float64, got ", S_in.scalar_type());
@@ -126,7 +138,7 @@ std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::
   } else if (S.scalar_type() == at::kFloat) {
     check_cuda(sw_cuda_forward_f32(pr, S.data_ptr<float>(), scores.data_ptr<float>(), ptr_or_null<float>(table),
                                    ptr_or_null<int64_t>(best_at), ptr_or_null<float>(boundary), gap, temperature,
-                                   R, stream),
+                                   R, stream, scaled, counter_or_null(log_pairs, S)),
                "forward");
   } else {
     check_cuda(sw_cuda_forward_f64(pr, S.data_ptr<double>(), scores.data_ptr<double>(),
@@ -138,9 +150,12 @@ std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::
 }
 
 // Scores (B,) float32 of uint8 code pairs (B, M), (B, N) in a K x K matrix, all on one CUDA device.
+// scaled: allow the scaled sweep (t > 0, 4 columns per lane); log_pairs: a (1,) int32 CUDA tensor to
+// which the kernel adds the number of such pairs it scored in log space instead (tests, bench).
 at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in,
                                  const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen,
-                                 const at::Tensor& matrix_in, double gap, double temperature, int64_t lane_columns) {
+                                 const at::Tensor& matrix_in, double gap, double temperature, int64_t lane_columns,
+                                 bool scaled, const c10::optional<at::Tensor>& log_pairs) {
   TORCH_CHECK(query_in.is_cuda() && target_in.is_cuda() && matrix_in.is_cuda(),
               "the CUDA engine needs codes and matrix on a CUDA device");
   TORCH_CHECK(query_in.dim() == 2 && target_in.dim() == 2 && query_in.size(0) == target_in.size(0) &&
@@ -174,7 +189,8 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   check_cuda(sw_cuda_forward_codes(plan.pr, query.data_ptr<uint8_t>(), target.data_ptr<uint8_t>(),
                                    matrix.data_ptr<float>(), int(K), scores.data_ptr<float>(),
                                    ptr_or_null<float>(plan.boundary), gap, temperature, plan.R,
-                                   c10::cuda::getCurrentCUDAStream(), relaying.relay ? &relaying : nullptr),
+                                   c10::cuda::getCurrentCUDAStream(), relaying.relay ? &relaying : nullptr, scaled,
+                                   counter_or_null(log_pairs, matrix), smem_limit),
              "forward_codes");
   return scores;
 }
@@ -216,7 +232,7 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
 // The call of inference on full pairs (no lengths, no DP table), with the fewest arguments and results
 // for pybind11 to convert: small batches are bound by the host's time per call.
 at::Tensor scores(const at::Tensor& S, double gap, double temperature) {
-  return forward(S, c10::nullopt, c10::nullopt, gap, temperature, false, 0)[0];
+  return forward(S, c10::nullopt, c10::nullopt, gap, temperature, false, 0, true, c10::nullopt)[0];
 }
 
 // The yardstick: allocate a (B,) result like the forward does, and launch an empty kernel.

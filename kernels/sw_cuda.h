@@ -22,9 +22,12 @@ int64_t sw_cuda_table_columns(int64_t N, int lane_columns);
 // Scores (B,); with table (B, M, sw_cuda_table_columns(N, lane_columns)) non-null, also H without its
 // zero border, in the kernels' own wavefront order, and best_at (B,), the row-major index of the first
 // maximal cell or -1, for the backward (which takes the same lane_columns). lane_columns is 1 or 4.
+// With scaled, float scores without a table at t > 0 with 4 columns per lane are computed in scaled
+// exponential space (see the .cu); log_pairs, if not null, counts on the device the pairs of such a
+// call scored in log space instead.
 cudaError_t sw_cuda_forward_f32(const Problem& pr, const float* S, float* scores, float* table,
                                 int64_t* best_at, float* boundary, double gap, double t, int lane_columns,
-                                cudaStream_t stream);
+                                cudaStream_t stream, bool scaled, int* log_pairs);
 cudaError_t sw_cuda_forward_f64(const Problem& pr, const double* S, double* scores, double* table,
                                 int64_t* best_at, double* boundary, double gap, double t, int lane_columns,
                                 cudaStream_t stream);
@@ -38,10 +41,14 @@ struct Relaying {
 int sw_cuda_relay_warps();
 
 // Scores (B,) of uint8 code pairs (B, M), (B, N) looked up in a K x K float32 matrix. relaying may be
-// null (then one warp per pair); it needs lengths and an order.
+// null (then one warp per pair); it needs lengths and an order. With allow_scaled, t > 0 and 4 columns
+// per lane, pairs are scored in scaled exponential space where the matrix allows it (see the .cu);
+// log_pairs, if not null, counts on the device the pairs of such a call scored in log space instead.
+// shared_limit: the device's shared memory per block (opt-in), in bytes.
 cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const uint8_t* target,
                                   const float* matrix, int K, float* scores, float* boundary, double gap,
-                                  double t, int lane_columns, cudaStream_t stream, const Relaying* relaying);
+                                  double t, int lane_columns, cudaStream_t stream, const Relaying* relaying,
+                                  bool allow_scaled, int* log_pairs, int64_t shared_limit);
 // grad_S (B, M, N), every element written, from the table and best_at of the forward.
 cudaError_t sw_cuda_backward_f32(const Problem& pr, const float* grad_scores, const float* S,
                                  const float* table, const int64_t* best_at, float* grad_S, float* boundary,

@@ -95,7 +95,7 @@ def _forward(backend: str, S: torch.Tensor, qlen, tlen, gap: float, temperature:
         return scores, (dp,)
     if not keep and qlen is None and tlen is None:  # the lean binding: small calls are host-bound
         return _engine("cuda").scores(S, gap, temperature), None
-    scores, table, best_at = _engine("cuda").forward(S, qlen, tlen, gap, temperature, keep, 0)
+    scores, table, best_at = _engine("cuda").forward(S, qlen, tlen, gap, temperature, keep, 0, True, None)
     return scores, (table, best_at)
 
 
@@ -211,7 +211,8 @@ def soft_smith_waterman_codes(
     if backend == "cpu":
         return _engine("cpu").forward_codes(query_codes, target_codes, _full(qlen, B, M),
                                             _full(tlen, B, target_codes.shape[1]), matrix, gap, temperature)
-    return _engine("cuda").forward_codes(query_codes, target_codes, qlen, tlen, matrix, gap, temperature, 0)
+    return _engine("cuda").forward_codes(query_codes, target_codes, qlen, tlen, matrix, gap, temperature, 0, True,
+                                         None)
 
 
 class SoftSmithWaterman(nn.Module):

@@ -7,16 +7,20 @@ BACKENDS_FOR(device) ('cpu' here, 'cuda' on a GPU, where those cases carry the `
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
 import torch
+from Bio.Align import substitution_matrices
 
 import swcli
+from swcli import _build
 from swcli.ops import soft_smith_waterman_codes
 from swcli.reference import SoftSmithWatermanReference, soft_smith_waterman_reference
 from testing import (
     BACKENDS_FOR,
+    BLOSUM62,
     DEVICES,
     DTYPES,
     assert_close_to_reference,
@@ -890,7 +894,13 @@ class TestCudaBackend:
         dense = table[codes.long()[:, :, None], targets.long()[:, None, :]]
         from_codes = soft_smith_waterman_codes(codes.cuda(), targets.cuda(), table.cuda(), -1.0, t, qlen.cuda(),
                                                tlen.cuda(), backend="cuda")
-        assert torch.equal(from_codes, ssw(dense.cuda(), -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda"))
+        from_dense = ssw(dense.cuda(), -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
+        if t == 0:
+            assert torch.equal(from_codes, from_dense)
+        else:  # the scaled sweep: its own rounding, within the same bound
+            exact = ssw(dense.double(), -1.0, t, qlen, tlen, backend="cpu")
+            error = (from_codes.cpu().double() - exact).abs()
+            assert (error <= 1e-4 + 1e-5 * exact.abs()).all(), error.max().item()
 
     @pytest.mark.parametrize("t", [0.0, 1.0])
     def test_long_pairs_share_a_block(self, t):
@@ -911,20 +921,168 @@ class TestCudaBackend:
                                               backend="cuda").item()
             if t == 0:
                 assert batch[b].item() == alone == biopython_score(*pairs[b], -4.0)
-            else:
-                assert abs(batch[b].item() - alone) <= 1e-4 + 1e-6 * abs(alone), (b, batch[b].item(), alone)
+            else:  # the batch takes the scaled sweep, a pair alone (one column per lane) the log-space one
+                assert abs(batch[b].item() - alone) <= 1e-4 + 1e-5 * abs(alone), (b, batch[b].item(), alone)
 
     @pytest.mark.parametrize("t", [0.0, 1.0])
     @pytest.mark.parametrize("B", [5, 1100], ids=["1-column-lanes", "4-column-lanes"])
     def test_codes_equal_dense_bit_for_bit(self, B, t):
+        # The log-space sweep computes the same floats from codes as from dense scores. (At t > 0 with 4
+        # columns per lane both take the scaled sweep: see the tests below.)
         pairs = random_protein_pairs(seed=9700 + B, count=B, min_length=1, max_length=200)
         query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
         S = table.float()[query.long()[:, :, None], target.long()[:, None, :]]
-        dense = ssw(S, -4.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
-        codes = soft_smith_waterman_codes(query, target, table, -4.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
+        dense, _ = self.dense_engine(S, qlen.cuda(), tlen.cuda(), -4.0, t, scaled=False, lane_columns=0)
+        codes, _ = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, -4.0, t, scaled=False,
+                                     lane_columns=0)
         assert torch.equal(dense, codes)
+        if t == 0 or B == 5:  # what the public entries take here is that same sweep
+            public = soft_smith_waterman_codes(query, target, table, -4.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
+            assert torch.equal(public, codes)
+            assert torch.equal(ssw(S, -4.0, t, qlen.cuda(), tlen.cuda(), backend="cuda"), codes)
         if t == 0:
             assert codes[:20].tolist() == [biopython_score(q, tt, -4.0) for q, tt in pairs[:20]]
+
+    # -- the scaled sweep (scores from codes at t > 0, 4 columns per lane: kernels/sw_cuda.cu)
+
+    def codes_engine(self, query, target, qlen, tlen, table, gap, t, scaled=True, lane_columns=4):
+        """(scores, how many pairs the engine scored in log space) of one engine call."""
+        counter = torch.zeros(1, dtype=torch.int32, device=self.device)
+        out = _build.cuda_engine().forward_codes(query, target, qlen, tlen, table, gap, t, lane_columns, scaled,
+                                                 counter)
+        return out, int(counter.item())
+
+    def dense_engine(self, S, qlen, tlen, gap, t, scaled=True, lane_columns=4):
+        """The same for dense scores (the forward without the DP table)."""
+        counter = torch.zeros(1, dtype=torch.int32, device=self.device)
+        out = _build.cuda_engine().forward(S, qlen, tlen, gap, t, False, lane_columns, scaled, counter)[0]
+        return out, int(counter.item())
+
+    @staticmethod
+    def exact_scores(pairs, gap, t, matrix=BLOSUM62, cells=1 << 25):
+        """The float64 CPU engine, in padded batches of pairs of similar size (of at most `cells` padded
+        cells: one batch of the long pairs would not fit)."""
+        order = sorted(range(len(pairs)), key=lambda b: max(len(pairs[b][0]), len(pairs[b][1])))
+        scores = torch.empty(len(pairs), dtype=torch.float64)
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order):
+                side = max(len(pairs[order[end]][0]), len(pairs[order[end]][1]))
+                if (end + 1 - start) * side * side > cells:
+                    break
+                end += 1
+            batch = order[start:end]
+            S, qlen, tlen = score_matrices([pairs[b] for b in batch], matrix)
+            scores[batch] = ssw(S, gap, t, qlen, tlen, backend="cpu")
+            start = end
+        return scores
+
+    @pytest.mark.parametrize("gap,t", [(-4.0, 1.0), (-1.0, 1.0), (-11.0, 1.0), (-4.0, 2.0), (-1.0, 0.5)])
+    def test_scaled_sweep_matches_float64(self, gap, t):
+        # Real-like pairs: long related ones (12 tiles, shared by a block of warps), self-alignments
+        # (scores of several thousand), random ones, and 1 x N / N x 1; every pair takes the scaled sweep.
+        rng = random.Random(9900)
+        long = related_protein_pairs(seed=9901, count=40, min_length=300, max_length=1500)
+        pairs = long + [(q, q) for q, _ in long[:10]]
+        pairs += random_protein_pairs(seed=9902, count=1050, min_length=1, max_length=300)
+        pairs += [("W", "ACDEFGHIKLMNPQRSTVWY" * 20), ("ACDEFGHIKLMNPQRSTVWY" * 20, "W"), ("A", "A")]
+        rng.shuffle(pairs)
+        query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
+        out, in_log_space = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, gap, t)
+        assert in_log_space == 0
+        exact = self.exact_scores(pairs, gap, t)
+        error = (out.cpu().double() - exact).abs()
+        assert (error <= 1e-4 + 1e-5 * exact.abs()).all(), (error.max().item(), exact[error.argmax()].item())
+        # and the log-space sweep on the same pairs
+        log, in_log_space = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, gap, t, scaled=False)
+        assert in_log_space == len(pairs)
+        assert ((log.cpu().double() - exact).abs() <= 1e-4 + 1e-5 * exact.abs()).all()
+        # the public entry; a long pair alone (one warp, not a block) gives the same bits
+        assert torch.equal(soft_smith_waterman_codes(query, target, table, gap, t, qlen.cuda(), tlen.cuda()), out)
+        for b in [b for b, (q, _) in enumerate(pairs) if len(q) >= 600][:4]:
+            q, n = int(qlen[b]), int(tlen[b])
+            alone, _ = self.codes_engine(query[b:b + 1, :q], target[b:b + 1, :n], None, None, table, gap, t)
+            assert torch.equal(alone, out[b:b + 1])
+
+    def test_scaled_sweep_falls_back_to_log_space(self):
+        # A matrix of +-40 with gap -200: along an alignment of identities the cells of a row fall by 200
+        # per column, past what the scaled floats hold, so those pairs go through the log-space sweep
+        # (and give its result); the random pairs around them stay scaled.
+        letters = BLOSUM62.alphabet
+        table = torch.full((len(letters), len(letters)), -40.0, dtype=torch.float64)
+        table.fill_diagonal_(40.0)
+        matrix = substitution_matrices.Array(alphabet=letters, dims=2, data=table.numpy())
+        same = [(q, q) for q, _ in random_protein_pairs(seed=9910, count=50, min_length=100, max_length=300)]
+        pairs = same + random_protein_pairs(seed=9911, count=1050, min_length=1, max_length=60)
+        query, target, qlen, tlen, table = code_batch(pairs, matrix=matrix, device=self.device)
+        out, in_log_space = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, -200.0, 1.0)
+        log, _ = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, -200.0, 1.0, scaled=False)
+        assert len(same) <= in_log_space < len(pairs)
+        assert torch.equal(out[:len(same)], log[:len(same)])
+        exact = self.exact_scores(pairs, -200.0, 1.0, matrix)
+        assert ((out.cpu().double() - exact).abs() <= 1e-4 + 1e-5 * exact.abs()).all()
+        # a matrix whose powers 2^(m / (t ln 2)) pass 2^60 (here BLOSUM62 at t = 0.1), or a positive gap:
+        # no pair is scaled, and the scores are the log-space sweep's
+        query, target, qlen, tlen, table = code_batch(pairs[50:], device=self.device)
+        for gap, t in [(-4.0, 0.1), (0.5, 1.0)]:
+            out, in_log_space = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, gap, t)
+            assert in_log_space == len(pairs) - 50
+            log, _ = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, gap, t, scaled=False)
+            assert torch.equal(out, log)
+
+    @pytest.mark.parametrize("scale,gap,t", [(1.0, -1.0, 1.0), (3.0, -1.0, 1.0), (1.0, -0.3, 0.3), (5.0, -4.0, 2.0)])
+    def test_scaled_sweep_dense(self, scale, gap, t):
+        # Random normal scores, lengths anywhere, 300 columns = 2 tiles of 128 and one of 44 (full pairs:
+        # the last lanes of a tile past the matrix).
+        B, M, N = 1100, 70, 300
+        S = random_scores((B, M, N), seed=9930, dtype=torch.float32, scale=scale)
+        qlen, tlen = random_lengths(B, M, seed=9931), random_lengths(B, N, seed=9932)
+        exact = ssw(S.double(), gap, t, qlen, tlen, backend="cpu")
+        for lengths in [(qlen.cuda(), tlen.cuda()), (None, None)]:
+            out, in_log_space = self.dense_engine(S.cuda(), *lengths, gap, t)
+            if scale == 1.0:
+                assert in_log_space == 0
+            assert in_log_space < B // 10
+            if lengths[0] is None:
+                exact = ssw(S.double(), gap, t, backend="cpu")
+            error = (out.cpu().double() - exact).abs()
+            assert (error <= 1e-4 + 1e-5 * exact.abs()).all(), error.max().item()
+            assert torch.equal(ssw(S.cuda(), gap, t, *lengths), out)  # the op's own call
+
+    def test_scaled_sweep_dense_falls_back(self):
+        # Scores whose powers 2^(S / (t ln 2)) overflow, and a NaN: those pairs, and only those, go
+        # through the log-space sweep.
+        B, M, N = 1100, 40, 150
+        S = random_scores((B, M, N), seed=9940, dtype=torch.float32)
+        S[:50, 10, 20] = 500.0
+        S[60, 5, 5] = float("nan")
+        S[70, 39, 149] = float("inf")
+        exact = ssw(S.double(), -1.0, 1.0, backend="cpu")
+        out, in_log_space = self.dense_engine(S.cuda(), None, None, -1.0, 1.0)
+        assert in_log_space == 52
+        log, _ = self.dense_engine(S.cuda(), None, None, -1.0, 1.0, scaled=False)
+        spiked = [*range(50), 60, 70]
+        torch.testing.assert_close(out[spiked], log[spiked], rtol=0, atol=0, equal_nan=True)  # the same bits
+        assert math.isnan(out[60].item()) and out[70].item() == math.inf
+        finite = torch.ones(B, dtype=torch.bool)
+        finite[[60, 70]] = False
+        assert ((out.cpu().double() - exact)[finite].abs() <= 1e-4 + 1e-5 * exact[finite].abs()).all()
+
+    def test_scaled_sweep_nan_in_the_matrix(self):
+        # A NaN entry keeps the whole call in log space; it reaches only the pairs that use it.
+        pairs = random_protein_pairs(seed=9920, count=1100, min_length=5, max_length=150)
+        pairs = [(q.replace("W", "Y"), t.replace("W", "Y")) for q, t in pairs]
+        pairs[7] = ("MKW" + pairs[7][0], "W" + pairs[7][1])
+        query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
+        w = BLOSUM62.alphabet.index("W")
+        clean, _ = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, -4.0, 1.0, scaled=False)
+        table[w, w] = float("nan")
+        out, in_log_space = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, -4.0, 1.0)
+        assert in_log_space == len(pairs)
+        assert math.isnan(out[7].item())
+        others = torch.arange(len(pairs)) != 7
+        assert torch.equal(out[others.cuda()], clean[others.cuda()])
 
     def test_deterministic(self):
         S = random_scores((1200, 50, 170), seed=9800, dtype=torch.float32, device=self.device)
@@ -997,8 +1155,12 @@ class TestCudaBackend:
         qlen, tlen = random_lengths(B, M, seed=9981), random_lengths(B, N, seed=9982)
         G = S.cuda().requires_grad_()
         scores = ssw(G, -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
-        # the forward that keeps H scores as the one that does not
-        assert torch.equal(scores.detach(), ssw(S.cuda(), -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda"))
+        # the forward that keeps H scores as the log-space one that does not (which the op takes at t = 0;
+        # at t > 0 it takes the scaled sweep, within float32 rounding)
+        log, _ = self.dense_engine(S.cuda(), qlen.cuda(), tlen.cuda(), -1.0, t, scaled=False)
+        assert torch.equal(scores.detach(), log)
+        plain = ssw(S.cuda(), -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda")
+        torch.testing.assert_close(plain, log, rtol=1e-6, atol=1e-5)
         scores.sum().backward()
         exact = S.double().requires_grad_()
         ssw(exact, -1.0, t, qlen, tlen, backend="cpu").sum().backward()
