@@ -103,9 +103,31 @@ def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> 
             ops.soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, temperature,
                                           batch.query_lengths, batch.target_lengths, backend)
 
-        rows.append(Row(f"real pairs ({count})", backend, temperature, count, batch.cells, seconds(run),
-                        "BLOSUM62, gap -4, codes looked up in the matrix"))
+        note = "BLOSUM62, gap -4, codes looked up in the matrix"
+        if backend == "cuda" and temperature > 0:
+            note += f"; {cuda_log_space_pairs(batch, table, -4.0, temperature)} pairs in log space"
+        rows.append(Row(f"real pairs ({count})", backend, temperature, count, batch.cells, seconds(run), note))
+        if backend == "cuda" and temperature > 0:  # the same through the log-space sweep, for comparison
+            from swcli._build import cuda_engine
+
+            def log_space():
+                cuda_engine().forward_codes(batch.query_codes, batch.target_codes, batch.query_lengths,
+                                            batch.target_lengths, table, -4.0, temperature, 0, False, None)
+
+            rows.append(Row(f"real pairs ({count})", "cuda-log", temperature, count, batch.cells, seconds(log_space),
+                            "the same, every pair through the log-space sweep (engine call)"))
     return rows
+
+
+def cuda_log_space_pairs(batch, table, gap: float, temperature: float) -> int:
+    """How many pairs of a batch the CUDA engine scores in log space rather than by the scaled sweep
+    (kernels/sw_cuda.cu): 0 unless some pair holds a spread of scores a float cannot."""
+    from swcli._build import cuda_engine
+
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    cuda_engine().forward_codes(batch.query_codes, batch.target_codes, batch.query_lengths, batch.target_lengths,
+                                table, gap, temperature, 0, True, counter)
+    return int(counter.item())
 
 
 def end_to_end_rows(backend: str, records: list[FastaRecord], count: int) -> list[Row]:
@@ -188,12 +210,24 @@ def cuda_seed_rows(calls: int) -> list[Row]:
 
 
 def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]:
+    from swcli._build import cuda_engine
+
+    engine = cuda_engine()
     S = torch.randn(batch, size, size, device="cuda")
     cells = batch * size * size
     rows = []
     for t in (1.0, 0.0):
         forward = cuda_seconds(lambda: ops.soft_smith_waterman(S, -1.0, t), calls)
-        rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", t, batch, cells, forward, "fp32 S, forward"))
+        note = "fp32 S, forward"
+        if t > 0:
+            counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+            engine.forward(S, None, None, -1.0, t, False, 0, True, counter)
+            note += f"; {int(counter.item())} pairs in log space"
+        rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", t, batch, cells, forward, note))
+        if t > 0:  # the same through the log-space sweep, for comparison
+            log_space = cuda_seconds(lambda: engine.forward(S, None, None, -1.0, t, False, 0, False, None), calls)
+            rows.append(Row(f"dense B={batch} {size}x{size}", "cuda-log", t, batch, cells, log_space,
+                            "the same, every pair through the log-space sweep (engine call)"))
     grad_S = S.clone().requires_grad_()
     ones = torch.ones(batch, device="cuda")
 
@@ -206,11 +240,9 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, both,
                     f"forward + backward: {both / rows[0].seconds:.2f}x the forward alone"))
     # the two halves, straight through the engine (no autograd, no gradient allocation by autograd)
-    from swcli._build import cuda_engine
-
-    engine = cuda_engine()
-    keeping = cuda_seconds(lambda: engine.forward(S, None, None, -1.0, 1.0, True, 0), few, warmup=3)
-    _, table, best_at = engine.forward(S, None, None, -1.0, 1.0, True, 0)
+    keeping = cuda_seconds(lambda: engine.forward(S, None, None, -1.0, 1.0, True, 0, True, None), few,
+                           warmup=3)
+    _, table, best_at = engine.forward(S, None, None, -1.0, 1.0, True, 0, True, None)
     backward = cuda_seconds(lambda: engine.backward(ones, S, table, best_at, None, None, -1.0, 1.0, 0), few,
                             warmup=3)
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, keeping,

@@ -10,6 +10,8 @@
            seed kernel runs back to back.
   host:    host time per call (no synchronisation inside the loop) of the op, the engine calls and the
            empty launch at the seed size: when the host is slower than the kernel, this is the rate.
+  forward: the dense t = 1 forward and 10,000 real-length pairs from codes at t = 1, 20 calls each
+           (medians of CUDA events): one line, to compare kernel variants of the forward.
   gradient: swcli bench's dense rows (forward, forward + backward, the forward that keeps H, the
            backward) with 10 calls each, and a checksum of the gradient: one line, to compare kernel
            variants (tools/variants.sh).
@@ -92,7 +94,7 @@ def host() -> None:
     S = torch.randn(16, 32, 32, device="cuda")
     calls = {
         "op soft_smith_waterman": lambda: swcli.soft_smith_waterman(S, -1.0, 1.0),
-        "engine.forward": lambda: engine.forward(S, None, None, -1.0, 1.0, False, 0),
+        "engine.forward": lambda: engine.forward(S, None, None, -1.0, 1.0, False, 0, True, None),
         "engine.scores": lambda: engine.scores(S, -1.0, 1.0),
         "engine.empty_launch": lambda: engine.empty_launch(S),
     }
@@ -126,6 +128,23 @@ def gradient() -> None:
           + f"; gradient sum {S.grad.double().sum().item():.6f}")
 
 
+def forward() -> None:
+    from swcli.batching import make_batches
+    from swcli.bench import cuda_seconds
+
+    S = torch.randn(8192, 256, 256, device="cuda")
+    dense = cuda_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0), 20)
+    matrix = load_matrix("BLOSUM62")
+    pairs = random_pairs(list(read_fasta(".bench/proteins.fasta")), 10_000)
+    (batch,) = make_batches([matrix.encode(a.sequence, a.where) for a, _ in pairs],
+                            [matrix.encode(b.sequence, b.where) for _, b in pairs], max_cells=1 << 62, device="cuda")
+    table = matrix.tensor(device="cuda")
+    real = cuda_seconds(lambda: soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, 1.0,
+                                                          batch.query_lengths, batch.target_lengths, "cuda"), 20)
+    print(f"dense t=1 forward {dense * 1e6:.1f} us ({S.numel() / dense / 1e9:.1f} GCUPS); real pairs t=1 "
+          f"{real * 1e6:.1f} us ({batch.cells / real / 1e9:.1f} GCUPS)")
+
+
 if __name__ == "__main__":
     {"kernels": kernels, "train": train, "latency": latency, "steps": steps, "host": host,
-     "gradient": gradient}[sys.argv[1]]()
+     "gradient": gradient, "forward": forward}[sys.argv[1]]()
