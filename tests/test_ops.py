@@ -943,7 +943,8 @@ class TestCudaBackend:
         if t == 0:
             assert codes[:20].tolist() == [biopython_score(q, tt, -4.0) for q, tt in pairs[:20]]
 
-    # -- the scaled sweep (scores from codes at t > 0, 4 columns per lane: kernels/sw_cuda.cu)
+    # -- the scaled sweep (float at t > 0 with 4 columns per lane, dense and from codes, no DP table:
+    #    kernels/sw_cuda.cu), and its fallback to the log-space sweep
 
     def codes_engine(self, query, target, qlen, tlen, table, gap, t, scaled=True, lane_columns=4):
         """(scores, how many pairs the engine scored in log space) of one engine call."""
@@ -1051,8 +1052,8 @@ class TestCudaBackend:
             assert torch.equal(ssw(S.cuda(), gap, t, *lengths), out)  # the op's own call
 
     def test_scaled_sweep_dense_falls_back(self):
-        # Scores whose powers 2^(S / (t ln 2)) overflow, and a NaN: those pairs, and only those, go
-        # through the log-space sweep.
+        # Scores whose powers 2^(S / (t ln 2)) overflow, a NaN and an inf: those pairs, and only those,
+        # go through the log-space sweep.
         B, M, N = 1100, 40, 150
         S = random_scores((B, M, N), seed=9940, dtype=torch.float32)
         S[:50, 10, 20] = 500.0
