@@ -678,7 +678,7 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int top, float 
         }
         for (int j = 0; j < kWarp && s0 + j < steps; j += kDepth) {
           src.start_group();
-  #pragma unroll
+#pragma unroll
           for (int d = 0; d < kDepth; ++d) {
             const int i = s0 + j + d - lane;
             float left = __shfl_up_sync(kFull, last, 1);
@@ -694,7 +694,7 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int top, float 
               const float lv = left * pow2_int(shift);
               float e[R];
               float diag = left_above, prev = lv;
-  #pragma unroll
+#pragma unroll
               for (int r = 0; r < R; ++r) {
                 float x = fmaf(diag, POWERS ? v[r] : exp2_(v[r] * c), one);
                 x = fmaf(up[r], G, x);
@@ -710,7 +710,7 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int top, float 
               const float f = __uint_as_float(rescale_base - exponent);  // 2^(top - exponent of hi)
               sig += int(exponent >> 23) - (127 + top);
               ok = ok && lo >= 0x1p-125f && lo * f >= 0x1p-125f && hi <= FLT_MAX;  // false for a NaN
-  #pragma unroll
+#pragma unroll
               for (int r = 0; r < R; ++r) up[r] = e[r] * f;
               left_above = lv * f;
               one = __int_as_float(max(127 - sig, 0) << 23);
