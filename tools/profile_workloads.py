@@ -10,8 +10,9 @@
            seed kernel runs back to back.
   host:    host time per call (no synchronisation inside the loop) of the op, the engine calls and the
            empty launch at the seed size: when the host is slower than the kernel, this is the rate.
-  forward: the dense t = 1 forward and 10,000 real-length pairs from codes at t = 1, 20 calls each
-           (medians of CUDA events): one line, to compare kernel variants of the forward.
+  forward: the seed in CUDA graph replay, the dense t = 1 forward and 10,000 real-length pairs from
+           codes at t = 1, 20 calls each (medians of CUDA events): one line, to compare kernel
+           variants of the forward.
   gradient: swcli bench's dense rows (forward, forward + backward, the forward that keeps H, the
            backward) with 10 calls each, and a checksum of the gradient: one line, to compare kernel
            variants (tools/variants.sh).
@@ -130,8 +131,10 @@ def gradient() -> None:
 
 def forward() -> None:
     from swcli.batching import make_batches
-    from swcli.bench import cuda_seconds
+    from swcli.bench import cuda_seconds, graph_seconds
 
+    seed = torch.randn(16, 32, 32, device="cuda")
+    graph = graph_seconds(lambda: swcli.soft_smith_waterman(seed, -1.0, 1.0), 100, 50)
     S = torch.randn(8192, 256, 256, device="cuda")
     dense = cuda_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0), 20)
     matrix = load_matrix("BLOSUM62")
@@ -141,7 +144,8 @@ def forward() -> None:
     table = matrix.tensor(device="cuda")
     real = cuda_seconds(lambda: soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, 1.0,
                                                           batch.query_lengths, batch.target_lengths, "cuda"), 20)
-    print(f"dense t=1 forward {dense * 1e6:.1f} us ({S.numel() / dense / 1e9:.1f} GCUPS); real pairs t=1 "
+    print(f"seed graph replay {graph * 1e6:.2f} us; dense t=1 forward {dense * 1e6:.1f} us "
+          f"({S.numel() / dense / 1e9:.1f} GCUPS); real pairs t=1 "
           f"{real * 1e6:.1f} us ({batch.cells / real / 1e9:.1f} GCUPS)")
 
 
