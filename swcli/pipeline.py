@@ -45,7 +45,9 @@ class Settings:
 
 @dataclass
 class Stats:
-    """What a run did: for the progress bar and the benchmark's time-outside-the-kernel share."""
+    """What a run did: for the progress bar and the benchmark's share of time outside the scoring calls.
+    On CUDA kernel_seconds sums CUDA-event intervals around each scoring call, so it also holds the
+    call's argument checks (which wait for the device) and any wait of the scoring thread for the GIL."""
 
     pairs: int = 0
     cells: int = 0
