@@ -23,11 +23,8 @@ class Batch:
     target_codes: torch.Tensor  # (b, N) uint8
     query_lengths: torch.Tensor  # (b,) int64
     target_lengths: torch.Tensor  # (b,) int64
-
-    @property
-    def cells(self) -> int:
-        """Real (unpadded) cells: the work the batch stands for."""
-        return int((self.query_lengths * self.target_lengths).sum())
+    cells: int  # real (unpadded) cells, the work the batch stands for: counted on the host, as reading
+    #             them from device lengths would wait for the device
 
 
 def chunked(items: Iterable, size: int) -> Iterator[list]:
@@ -69,5 +66,6 @@ def make_batches(
     for positions in groups:
         q_codes, q_lengths = pad_codes([query_codes[k] for k in positions], device)
         t_codes, t_lengths = pad_codes([target_codes[k] for k in positions], device)
-        batches.append(Batch(positions, q_codes, t_codes, q_lengths, t_lengths))
+        cells = sum(len(query_codes[k]) * len(target_codes[k]) for k in positions)
+        batches.append(Batch(positions, q_codes, t_codes, q_lengths, t_lengths, cells))
     return batches

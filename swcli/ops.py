@@ -204,7 +204,17 @@ def soft_smith_waterman_codes(
         gap, temperature, backend, query_codes, (B, M, target_codes.shape[1]), query_lengths, target_lengths)
     if target_codes.device != query_codes.device:
         raise ValueError(f"query_codes and target_codes are on {query_codes.device} and {target_codes.device}")
-    matrix = matrix.to(query_codes.device)
+    return score_checked_codes(query_codes, target_codes, matrix.to(query_codes.device), gap, temperature, qlen,
+                               tlen, backend)
+
+
+def score_checked_codes(query_codes, target_codes, matrix, gap: float, temperature: float, qlen, tlen,
+                        backend: str) -> torch.Tensor:
+    """soft_smith_waterman_codes past its checks, for callers whose codes, lengths (int64 on the codes'
+    device, or None) and matrix (on that device) are valid by construction: the pipeline's batches. On
+    CUDA the checks wait for the device (the largest code, the lengths' range), and in the pipeline's
+    scoring thread each wait can also wait for the GIL."""
+    B, M = query_codes.shape
     if backend == "reference":
         S = matrix[query_codes.long()[:, :, None], target_codes.long()[:, None, :]]
         return soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)

@@ -14,7 +14,7 @@ import torch
 
 from swcli.batching import DEFAULT_MAX_CELLS, Batch, chunked, make_batches
 from swcli.fasta import FastaRecord
-from swcli.ops import soft_smith_waterman_codes
+from swcli.ops import score_checked_codes
 from swcli.scoring import SubstitutionMatrix
 
 DEFAULT_CHUNK_SIZE = 4096
@@ -89,7 +89,7 @@ def score_batches(batches: list[Batch], count: int, settings: Settings, matrix: 
             started.record()
         else:
             started = time.perf_counter()
-        values = soft_smith_waterman_codes(
+        values = score_checked_codes(  # make_batches' codes and lengths are valid by construction
             batch.query_codes, batch.target_codes, matrix, settings.gap, settings.temperature,
             batch.query_lengths, batch.target_lengths, settings.backend,
         )

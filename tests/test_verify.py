@@ -50,14 +50,14 @@ def test_verify_passes_on_the_cpu_engine(capsys):
 
 
 def test_verify_fails_when_the_backend_is_off(tmp_path, capsys, monkeypatch):
-    real = swcli.pipeline.soft_smith_waterman_codes
+    real = swcli.pipeline.score_checked_codes
 
     def off_by_a_little(*args, **kwargs):
         scores = real(*args, **kwargs)
         backend = args[7] if len(args) > 7 else kwargs.get("backend")
         return scores if backend == "reference" else scores + 0.01
 
-    monkeypatch.setattr(swcli.pipeline, "soft_smith_waterman_codes", off_by_a_little)
+    monkeypatch.setattr(swcli.pipeline, "score_checked_codes", off_by_a_little)
     path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAW"), ("b", "MKVIAW"), ("c", "WWPP"), ("d", "WWPA")])
     code = main(["verify", path, "--quiet", "-t", "0"])
     out = capsys.readouterr().out
