@@ -103,30 +103,28 @@ def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> 
             ops.soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, temperature,
                                           batch.query_lengths, batch.target_lengths, backend)
 
-        note = "BLOSUM62, gap -4, codes looked up in the matrix"
-        if backend == "cuda" and temperature > 0:
-            note += f"; {cuda_log_space_pairs(batch, table, -4.0, temperature)} pairs in log space"
-        rows.append(Row(f"real pairs ({count})", backend, temperature, count, batch.cells, seconds(run), note))
-        if backend == "cuda" and temperature > 0:  # the same through the log-space sweep, for comparison
-            from swcli._build import cuda_engine
+        workload, note = f"real pairs ({count})", "BLOSUM62, gap -4, codes looked up in the matrix"
+        if backend != "cuda" or temperature == 0:
+            rows.append(Row(workload, backend, temperature, count, batch.cells, seconds(run), note))
+            continue
+        from swcli._build import cuda_engine
 
-            def log_space():
-                cuda_engine().forward_codes(batch.query_codes, batch.target_codes, batch.query_lengths,
-                                            batch.target_lengths, table, -4.0, temperature, 0, False, None)
+        def engine_call(scaled: bool, counter=None):
+            cuda_engine().forward_codes(batch.query_codes, batch.target_codes, batch.query_lengths,
+                                        batch.target_lengths, table, -4.0, temperature, 0, scaled, counter)
 
-            rows.append(Row(f"real pairs ({count})", "cuda-log", temperature, count, batch.cells, seconds(log_space),
-                            "the same, every pair through the log-space sweep (engine call)"))
+        note += f"; {log_space_pairs(lambda counter: engine_call(True, counter))} pairs in log space"
+        rows.append(Row(workload, backend, temperature, count, batch.cells, seconds(run), note))
+        rows.append(Row(workload, "cuda-log", temperature, count, batch.cells, seconds(lambda: engine_call(False)),
+                        "the same, every pair through the log-space sweep (engine call)"))
     return rows
 
 
-def cuda_log_space_pairs(batch, table, gap: float, temperature: float) -> int:
-    """How many pairs of a batch the CUDA engine scores in log space rather than by the scaled sweep
-    (kernels/sw_cuda.cu): 0 unless some pair holds a spread of scores a float cannot."""
-    from swcli._build import cuda_engine
-
+def log_space_pairs(engine_call) -> int:
+    """How many pairs engine_call(counter), one CUDA engine call, scored in log space rather than by the
+    scaled sweep (kernels/sw_cuda.cu): 0 unless some pair holds a spread of scores a float cannot."""
     counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    cuda_engine().forward_codes(batch.query_codes, batch.target_codes, batch.query_lengths, batch.target_lengths,
-                                table, gap, temperature, 0, True, counter)
+    engine_call(counter)
     return int(counter.item())
 
 
@@ -141,15 +139,14 @@ def end_to_end_rows(backend: str, records: list[FastaRecord], count: int) -> lis
             with open(path, "w") as handle:
                 for a, b in random_pairs(records, n):
                     handle.write(f">{a.id}\n{a.sequence}\n>{b.id}\n{b.sequence}\n")
-        for temperature in (1.0, 0.0):
-            settings = Settings(load_matrix("BLOSUM62"), -4.0, temperature, backend)
-            for _ in align(pairs_in_one_file(str(warmup)), settings, Stats()):
+        settings = {t: Settings(load_matrix("BLOSUM62"), -4.0, t, backend) for t in (1.0, 0.0)}
+        for temperature in settings:
+            for _ in align(pairs_in_one_file(str(warmup)), settings[temperature], Stats()):
                 pass
-        for temperature in (1.0, 0.0):
-            settings = Settings(load_matrix("BLOSUM62"), -4.0, temperature, backend)
+        for temperature in settings:
             stats = Stats()
             with TsvWriter(str(Path(folder) / "out.tsv")) as writer:
-                for result in align(pairs_in_one_file(str(fasta)), settings, stats):
+                for result in align(pairs_in_one_file(str(fasta)), settings[temperature], stats):
                     writer.write(*result.row())
             total = stats.seconds
             outside = 1 - stats.kernel_seconds / total
@@ -228,9 +225,9 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
         forward = cuda_seconds(lambda: ops.soft_smith_waterman(S, -1.0, t), calls)
         note = "fp32 S, forward"
         if t > 0:
-            counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-            engine.forward(S, None, None, -1.0, t, False, 0, True, counter)
-            note += f"; {int(counter.item())} pairs in log space"
+            in_log_space = log_space_pairs(lambda counter: engine.forward(S, None, None, -1.0, t, False, 0, True,
+                                                                          counter))
+            note += f"; {in_log_space} pairs in log space"
         rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", t, batch, cells, forward, note))
         if t > 0:  # the same through the log-space sweep, for comparison
             log_space = cuda_seconds(lambda: engine.forward(S, None, None, -1.0, t, False, 0, False, None), calls)

@@ -946,18 +946,21 @@ class TestCudaBackend:
     # -- the scaled sweep (float at t > 0 with 4 columns per lane, dense and from codes, no DP table:
     #    kernels/sw_cuda.cu), and its fallback to the log-space sweep
 
+    def counted(self, engine_call):
+        """(engine_call(counter), how many pairs that engine call scored in log space)."""
+        counter = torch.zeros(1, dtype=torch.int32, device=self.device)
+        out = engine_call(counter)
+        return out, int(counter.item())
+
     def codes_engine(self, query, target, qlen, tlen, table, gap, t, scaled=True, lane_columns=4):
         """(scores, how many pairs the engine scored in log space) of one engine call."""
-        counter = torch.zeros(1, dtype=torch.int32, device=self.device)
-        out = _build.cuda_engine().forward_codes(query, target, qlen, tlen, table, gap, t, lane_columns, scaled,
-                                                 counter)
-        return out, int(counter.item())
+        return self.counted(lambda counter: _build.cuda_engine().forward_codes(
+            query, target, qlen, tlen, table, gap, t, lane_columns, scaled, counter))
 
     def dense_engine(self, S, qlen, tlen, gap, t, scaled=True, lane_columns=4):
         """The same for dense scores (the forward without the DP table)."""
-        counter = torch.zeros(1, dtype=torch.int32, device=self.device)
-        out = _build.cuda_engine().forward(S, qlen, tlen, gap, t, False, lane_columns, scaled, counter)[0]
-        return out, int(counter.item())
+        return self.counted(lambda counter: _build.cuda_engine().forward(
+            S, qlen, tlen, gap, t, False, lane_columns, scaled, counter)[0])
 
     @staticmethod
     def exact_scores(pairs, gap, t, matrix=BLOSUM62, cells=1 << 25):
