@@ -11,7 +11,7 @@
   host:    host time per call (no synchronisation inside the loop) of the op, the engine calls and the
            empty launch at the seed size: when the host is slower than the kernel, this is the rate.
   forward: the seed in CUDA graph replay, the dense t = 1 forward and 10,000 real-length pairs from
-           codes at t = 1, 20 calls each (medians of CUDA events): one line, to compare kernel
+           codes at t = 1 and 0, 20 calls each (medians of CUDA events): one line, to compare kernel
            variants of the forward.
   gradient: swcli bench's dense rows (forward, forward + backward, the forward that keeps H, the
            backward) with 10 calls each, and a checksum of the gradient: one line, to compare kernel
@@ -142,11 +142,12 @@ def forward() -> None:
     (batch,) = make_batches([matrix.encode(a.sequence, a.where) for a, _ in pairs],
                             [matrix.encode(b.sequence, b.where) for _, b in pairs], max_cells=1 << 62, device="cuda")
     table = matrix.tensor(device="cuda")
-    real = cuda_seconds(lambda: soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, 1.0,
-                                                          batch.query_lengths, batch.target_lengths, "cuda"), 20)
+    real = {t: cuda_seconds(lambda: soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, t,
+                                                              batch.query_lengths, batch.target_lengths, "cuda"), 20)
+            for t in (1.0, 0.0)}
     print(f"seed graph replay {graph * 1e6:.2f} us; dense t=1 forward {dense * 1e6:.1f} us "
-          f"({S.numel() / dense / 1e9:.1f} GCUPS); real pairs t=1 "
-          f"{real * 1e6:.1f} us ({batch.cells / real / 1e9:.1f} GCUPS)")
+          f"({S.numel() / dense / 1e9:.1f} GCUPS); real pairs "
+          + ", ".join(f"t={t:g} {s * 1e6:.1f} us ({batch.cells / s / 1e9:.1f} GCUPS)" for t, s in real.items()))
 
 
 if __name__ == "__main__":
