@@ -12,6 +12,8 @@
 // with m the largest of the four terms (0, match, delete, insert): 3 ex2 + 1 lg2 on the special
 // function units. H stays in score units, as in the CPU engine and the reference, so a gap step adds
 // exactly the same float. max.NaN / min.NaN carry a NaN in S to that pair's score and nowhere else.
+// Float 1-column lanes (few pairs: latency-bound) take the same terms relative to the delete term
+// instead (cell_from_up: 30 instead of 40 instructions a step), and a pair it cannot hold takes cell().
 // Float scores at t > 0 with 4 columns per lane, without the DP table, take the scaled sweep instead
 // (below: H as 2^(H log2(e) / t), scaled per lane, 3 fused multiply-adds per cell), and a pair it
 // cannot hold goes through the log-space one.
@@ -88,6 +90,21 @@ __device__ __forceinline__ A cell(A diag, A up, A left, const Consts<A>& k) {
   const A mf = fmin(m, finite_max(m));  // fmin drops a NaN m; m itself carries it below
   const A e = exp2_((lo1 - mf) * k.c) + exp2_((lo2 - mf) * k.c) + exp2_((lo3 - mf) * k.c);
   return m + k.tl * log2_(A(1) + e);
+}
+
+// The soft cell of a float 1-column lane, whose step is one cell and whose time is the length of the
+// warp's instruction stream through it: every term is taken relative to the delete term u = up + gap,
+//
+//     H = u + t ln2 log2(2^(-u c) + 2^((diag - u) c) + 1 + 2^((left - up) c)),
+//
+// 3 ex2 and 1 lg2 as in cell(), but no maximum, no clamp and no differences (each exponent is one fused
+// multiply-add; left - up is the same as (left + gap) - u). The sum is at least 1, so a small term can
+// only vanish; a term past 2^128 overflows to +inf, and the pair's best cell with it (inf or NaN): the
+// caller then scores the pair again with cell() (forward_pair).
+__device__ __forceinline__ float cell_from_up(float diag, float up, float up_gap, float left, const Consts<float>& k) {
+  const float uc = up_gap * k.c;
+  const float rest = 1.0f + exp2_(-uc) + exp2_(fmaf(diag, k.c, -uc));  // off the shuffle's path
+  return fmaf(k.tl, log2_(rest + exp2_((left - up) * k.c)), up_gap);
 }
 
 // Rows of R values: one 16-byte access per lane where the row allows it (the DP table and the gradient
@@ -435,7 +452,7 @@ __device__ __forceinline__ TileLanes<R> start_tile(const Pair& p, Source& src, i
 // blocks of 32: at the start of a block the warp loads the next 32 rows of the tile's left boundary
 // (lane j: row s0 + 32 + j), and lane 0 takes its value of step s by shuffle, so no load latency lies
 // on the wavefront. In the first tile the boundary is the zero border.
-template <typename A, int R, bool SOFT, bool STORE, class Source, class Handoff>
+template <typename A, int R, bool SOFT, bool STORE, class Source, class Handoff, bool FROM_UP = false>
 __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, const Outputs<A>& out, int64_t M,
                               int64_t N, const Handoff& handoff, int first_tile, int stride, A& best_out,
                               int64_t& best_at_out) {
@@ -510,7 +527,11 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
             // Latency-bound: the cell is computed in every lane, so that no branch lies between it and
             // the next step's shuffle. A lane off its rows sends a value nobody uses: its right
             // neighbour is then off the same row.
-            const A h = cell<A, SOFT>(left_above + v[0], up_gap[0], left + k.gap, k);
+            A h;
+            if constexpr (FROM_UP)
+              h = cell_from_up(left_above + v[0], up[0], up_gap[0], left, k);
+            else
+              h = cell<A, SOFT>(left_above + v[0], up_gap[0], left + k.gap, k);
             last = h;
             up[0] = on ? h : up[0];
             up_gap[0] = on ? h + k.gap : up_gap[0];
@@ -748,7 +769,12 @@ __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, con
   A best;
   int64_t best_at;
   const InPlace<A> handoff{out.boundary ? out.boundary + p.b * M : nullptr};
-  forward_tiles<A, R, SOFT, STORE>(p, src, k, out, M, N, handoff, 0, 1, best, best_at);
+  bool scored = false;
+  if constexpr (std::is_same<A, float>::value && R == 1 && SOFT) {  // see cell_from_up
+    forward_tiles<A, R, SOFT, STORE, Source, InPlace<A>, true>(p, src, k, out, M, N, handoff, 0, 1, best, best_at);
+    scored = isfinite(best);  // the same in every lane
+  }
+  if (!scored) forward_tiles<A, R, SOFT, STORE>(p, src, k, out, M, N, handoff, 0, 1, best, best_at);
   if (threadIdx.x % kWarp == 0) {
     out.scores[p.b] = best;
     if (STORE) out.best_at[p.b] = best_at;

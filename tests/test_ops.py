@@ -902,6 +902,27 @@ class TestCudaBackend:
             error = (from_codes.cpu().double() - exact).abs()
             assert (error <= 1e-4 + 1e-5 * exact.abs()).all(), error.max().item()
 
+    @pytest.mark.parametrize("keep", [False, True], ids=["scores", "with-table"])
+    def test_one_column_lanes_rescore_what_the_fast_cell_cannot_hold(self, keep):
+        # Few pairs take 1-column lanes, whose float cell is taken relative to its delete term
+        # (cell_from_up in kernels/sw_cuda.cu): a term past 2^128 makes the pair's best cell inf or NaN,
+        # and the pair is scored again with the plain cell. Here a gap that overflows every pair's first
+        # cell, and one pair with a spike of +150 among ordinary ones.
+        S = random_scores((6, 40, 70), seed=9670, dtype=torch.float32)
+        S[2, 10, 20] = 150.0
+        for gap in (-1.0, -200.0):
+            S64 = S.double().requires_grad_(keep)
+            exact = ssw(S64, gap, 1.0, backend="cpu")
+            x = S.cuda().requires_grad_(keep)  # a gradient to come: the forward keeps the DP table
+            out = ssw(x, gap, 1.0)
+            assert torch.isfinite(out).all()
+            error = (out.detach().cpu().double() - exact.detach()).abs()
+            assert (error <= 1e-4 + 1e-5 * exact.detach().abs()).all(), (gap, error.max().item())
+            if keep:  # the table the backward reads is the one of the pass that gave the scores
+                out.sum().backward()
+                exact.sum().backward()
+                assert (x.grad.cpu().double() - S64.grad).abs().max() <= 1e-4
+
     @pytest.mark.parametrize("t", [0.0, 1.0])
     def test_long_pairs_share_a_block(self, t):
         # 1100 pairs (4 columns per lane) of which the 30 longest, up to 1500 x 1500 (12 tiles), each get
