@@ -46,8 +46,8 @@ class Settings:
 @dataclass
 class Stats:
     """What a run did: for the progress bar and the benchmark's share of time outside the scoring calls.
-    On CUDA kernel_seconds sums CUDA-event intervals around each scoring call, so it also holds the
-    call's argument checks (which wait for the device) and any wait of the scoring thread for the GIL."""
+    On CUDA kernel_seconds sums CUDA-event intervals around each scoring call: the kernels, and what of
+    the call's host work (the binding, a wait of the scoring thread for the GIL) the device waited for."""
 
     pairs: int = 0
     cells: int = 0
