@@ -193,25 +193,36 @@ struct DenseDirect {
   __device__ __forceinline__ void start_group() {}
 };
 
+// Where a lane's rows of dense S are read from in a tile (DenseBlocks and DenseGroups): the lane starts
+// `lane` rows above the pair, and reads nothing past its query or the matrix.
+template <typename T>
+struct DenseRows {
+  const T* S;
+  int64_t M, N;
+  const T* next;  // this lane's first column in the first row of the next rows to load
+  int row;        // that row of the pair (negative before its first row: nothing is read)
+  int qn;         // rows to read: the query length, or 0 when this lane is past the matrix
+
+  __device__ __forceinline__ void start_rows(const Pair& p, int lane, int64_t col) {
+    qn = col < N ? p.qn : 0;
+    next = S + p.b * M * N + col - int64_t(lane) * N;  // row -lane: lane k's row at step 0
+    row = -lane;
+  }
+};
+
 // Dense float S for 1-column lanes, 32 rows at a time. Such a lane's sweep is one chain of dependent
 // cells (the latency-bound small batches), and loads issued one per step share the warp's few
 // scoreboards, so that a step could wait for the load issued just before it (the profile of the seed:
 // 30% of the time). Here the 32 loads of the next block of steps all start at the start of a block
 // and are used a block (32 steps) later.
 template <typename A>
-struct DenseBlocks {
+struct DenseBlocks : DenseRows<A> {
+  using DenseRows<A>::N, DenseRows<A>::next, DenseRows<A>::row, DenseRows<A>::qn;
   static constexpr int kDepth = kWarp;
-  const A* S;
-  int64_t M, N;
-  const A* next;  // this lane's column in the first row of the next block to load
-  int row;        // that row of the pair (negative before its first row: nothing is read)
-  int qn;         // rows to read: the query length, or 0 when this lane is past the matrix
   A cur[kWarp], ahead[kWarp];
 
   __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
-    qn = col < N ? p.qn : 0;
-    next = S + p.b * M * N + col - int64_t(lane) * N;  // row -lane: lane k's row at step 0
-    row = -lane;
+    this->start_rows(p, lane, col);
     load_ahead();
   }
   __device__ __forceinline__ void load_ahead() {
@@ -239,22 +250,15 @@ struct DenseBlocks {
 // of H, in the forward that keeps them). Dense 8192 x 256 x 256 on the H200, rolling 4 or 8 rows ahead
 // against groups: t = 1 0.935 ms, groups of 4 0.914; t = 0 0.858, groups of 8 0.682; keeping H
 // 1.64 ms, groups of 8 1.43 (groups of 4: 1.65). DenseBlocks is the same scheme for 1-column lanes
-// (groups of 32, started with the block, rows off the pair zeroed); one template for both changes the
-// code of those latency-bound kernels, which has not been measured.
+// (groups of 32, started with the block, rows off the pair zeroed); the two share DenseRows, and one
+// template for both loads would change the code of those latency-bound kernels, not measured.
 template <int G>
-struct DenseGroups {
+struct DenseGroups : DenseRows<float> {
   static constexpr int kDepth = G;
-  const float* S;
-  int64_t M, N;
-  const float* next;  // this lane's 4 columns in the first row of the next group to load
-  int row;            // that row of the pair (negative before its first row: nothing is read)
-  int qn;             // rows to read: the query length, or 0 when this lane is past the matrix
   float4 cur[G], ahead[G];
 
   __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
-    qn = col < N ? p.qn : 0;
-    next = S + p.b * M * N + col - int64_t(lane) * N;  // row -lane: lane k's row at step 0
-    row = -lane;
+    start_rows(p, lane, col);
     load_ahead();
   }
   __device__ __forceinline__ void load_ahead() {
