@@ -1170,6 +1170,28 @@ class TestCudaBackend:
         (ssw(G, -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda") * weights.cuda()).sum().backward()
         torch.testing.assert_close(G.grad.cpu(), S.grad, rtol=0, atol=1e-9)
 
+    @pytest.mark.parametrize("N", [150, 152], ids=["rows-unaligned", "rows-16-byte-aligned"])
+    @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+    @pytest.mark.parametrize("t", [0.0, 1.0])
+    def test_gradient_ignores_nan_padding_4_column_lanes(self, t, dtype, N):
+        # A 4-column lane can hold both the last columns of a target and columns past it; the forward
+        # computes the latter from the padding of S, which may be NaN, and keeps them in its table. They
+        # never reach a real cell: the backward reads them as zero, and passes no flow through them.
+        B, M = 1100, 30
+        S = random_scores((B, M, N), seed=9985, dtype=dtype)
+        qlen, tlen = random_lengths(B, M, seed=9986, low=1), random_lengths(B, N, seed=9987, low=1)
+        tlen[:8] = torch.tensor([5, 6, 7, 129, 130, 131, 145, 149])  # a last lane with 1 to 3 real columns
+        padded = S.clone()
+        padded[window_mask(B, M, N, qlen, tlen)] = float("nan")
+        grads = []
+        for scores in (S, padded):
+            G = scores.cuda().requires_grad_()
+            ssw(G, -1.0, t, qlen.cuda(), tlen.cuda(), backend="cuda").sum().backward()
+            grads.append(G.grad.cpu())
+        clean, from_nan = grads
+        assert torch.isfinite(from_nan).all()
+        assert torch.equal(from_nan, clean)
+
     @pytest.mark.parametrize("t", [0.0, 1.0])
     def test_gradient_float32_4_column_lanes(self, t):
         # float32 with 4 columns per lane: the forward that keeps H and the backward load their rows in
