@@ -91,7 +91,8 @@ def _forward(backend: str, S: torch.Tensor, qlen, tlen, gap: float, temperature:
     position of the best cell, which the CPU engine finds again in its backward."""
     if backend == "cpu":
         B, M, N = S.shape
-        scores, dp = _engine("cpu").forward(S, _full(qlen, B, M), _full(tlen, B, N), gap, temperature, keep)
+        scores, dp = _engine("cpu").forward(S, _full(qlen, B, M), _full(tlen, B, N), gap, temperature, keep,
+                                            True, None)
         return scores, (dp,)
     if not keep and qlen is None and tlen is None:  # the lean binding: small calls are host-bound
         return _engine("cuda").scores(S, gap, temperature), None
@@ -227,7 +228,8 @@ def score_checked_codes(query_codes, target_codes, matrix, gap: float, temperatu
         return soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
     if backend == "cpu":
         return _engine("cpu").forward_codes(query_codes, target_codes, _full(qlen, B, M),
-                                            _full(tlen, B, target_codes.shape[1]), matrix, gap, temperature)
+                                            _full(tlen, B, target_codes.shape[1]), matrix, gap, temperature,
+                                            True, None)
     return _engine("cuda").forward_codes(query_codes, target_codes, qlen, tlen, matrix, gap, temperature, 0, True,
                                          None)
 
