@@ -696,7 +696,7 @@ def test_codes_equal_the_dense_float32_path(t):
 
 class TestCpuScaledSweep:
     """float32 on the CPU without the DP table at t > 0: the scaled sweep (E = 2^(H c), scaled per block
-    of 8 columns of a lane), and the log-space sweep for the pairs it cannot hold."""
+    of 4 columns of a lane), and the log-space sweep for the pairs it cannot hold."""
 
     @staticmethod
     def dense(S, qlen, tlen, gap, t, scaled=True):
@@ -729,7 +729,7 @@ class TestCpuScaledSweep:
 
     def test_short_and_long_targets_side_by_side(self):
         # One worker's 32 lanes sweep the same columns: lanes whose target ended copy their left value
-        # along, through blocks wholly past their target, beside lanes with 60 blocks to go.
+        # along, through blocks wholly past their target, beside lanes with 480 columns to go.
         B, M, N = 64, 40, 480
         S = random_scores((B, M, N), seed=10_510, dtype=torch.float32, scale=2.0)
         qlen = random_lengths(B, M, seed=10_511, low=1)
