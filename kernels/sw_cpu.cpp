@@ -6,9 +6,9 @@
 // wider than the hardware's element by element, hence the explicit packs). One worker per thread
 // (at::parallel_for); a lane takes the next pair of a shared queue, sorted by target length, as soon
 // as its pair is done.
-// float32 without the DP table at t > 0 takes the scaled sweep (below: E = 2^(H log2(e) / t), scaled per
-// block of columns of a lane, two fused multiply-adds and an add a cell), and a pair it cannot hold the
-// log-space one. On 2048 real protein pairs at t = 1, 2.7x the log-space sweep's speed.
+// float32 at t > 0 takes the scaled sweep (below: E = 2^(H log2(e) / t), scaled per block of columns of
+// a lane, two fused multiply-adds and an add a cell; the DP table gets H back by one log2 a cell), and a
+// pair it cannot hold the log-space one. On 2048 real protein pairs at t = 1, 2.7x the log-space sweep's speed.
 // Soft mode: a cell is m + t ln2 * log2(1 + sum of 2^((x-m) log2(e)/t) over the three other terms x),
 // with m the largest of the four terms: H stays in score units, so adding the gap is exact as in the
 // reference (pre-scaling S and the gap by c instead made every gap step round the same way, a drift of
@@ -357,7 +357,7 @@ void forward_all(const Problem& pr, const Source& prototype, T gap, T temperatur
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The scaled sweep (float at t > 0, forward without the DP table). With E = 2^(H c), c = log2(e) / t,
+// The scaled sweep (float at t > 0). With E = 2^(H c), c = log2(e) / t,
 // the recurrence is a sum of products, as in the CUDA engine's scaled sweep:
 //
 //     E[i][j] = 1 + E[i-1][j-1] P[i][j] + (E[i-1][j] + E[i][j-1]) G,   P = 2^(S c), G = 2^(gap c)
@@ -402,21 +402,26 @@ inline VF exp2_any(VF x) {
 // POWERS: the source's matrix is the table of 2^(m c) (scores from codes); else the source gives S.
 // A pair that fails the check is given up at once and goes to `failed` (its score is left for the
 // log-space sweep). Whether a pair fails depends on its own scores alone, not on its lane or worker.
+// With dp_table, each row's H = t ln2 (sigma + log2 stored) also goes to the table (one log2 polynomial
+// a cell vector), as the log-space forward writes it.
 template <bool POWERS, typename Source>
 void forward_worker_scaled(const Problem& pr, Source& source, const std::vector<int64_t>& queue,
                            std::atomic<int64_t>& next, float gap, float temperature, float* scores,
-                           std::vector<int64_t>& failed) {
+                           float* dp_table, std::vector<int64_t>& failed) {
   constexpr int W = Lanes<float>::W, L = Lanes<float>::L, top = kScaledTop;
   const int64_t B = static_cast<int64_t>(queue.size());
   const int64_t cols = B ? pr.tlen[queue[0]] : 0;  // the longest target
   const int64_t blocks = (cols + kScaledBlock - 1) / kScaledBlock;
   std::vector<VF> row((cols + 1) * kPacks);                          // stored E of the row above
   std::vector<VI> sigma(std::max<int64_t>(blocks, 1) * kPacks);      // each block's exponent
+  std::vector<VF> h_row(dp_table ? (cols + 1) * kPacks : 0);         // the row's H, for the table
   source.prepare(cols);
   const double c_exact = std::min<double>(1.4426950408889634 / temperature, std::numeric_limits<float>::max());
   const float c = static_cast<float>(c_exact);
   const VF G = splat<VF>(static_cast<float>(std::exp2(double(gap) * c_exact)));
   const double back = double(temperature) * 0.69314718055994531;
+  const float back_f = static_cast<float>(back);
+  const int64_t stride_b = (pr.M + 1) * (pr.N + 1);
   const float scale = 0x1p50f;  // E = 1 at sigma -top
   static_assert(top == 50, "scale is 2^top");
   int64_t pair[W], row_of[W];
@@ -480,6 +485,11 @@ void forward_worker_scaled(const Problem& pr, Source& source, const std::vector<
         const VF f = (VF)((254 + top - exponent) << 23);  // 2^(top - exponent of hi)
         for (int64_t j = j0; j <= j1; ++j) row[j * kPacks + k] *= f;
         sigma[b * kPacks + k] = base + exponent - (127 + top);
+        if (dp_table) {
+          const VF sig = __builtin_convertvector(sigma[b * kPacks + k], VF);
+          for (int64_t j = j0; j <= j1; ++j)
+            h_row[j * kPacks + k] = (sig + log2_one_to_four(row[j * kPacks + k])) * back_f;
+        }
         carried[k] = base;
         ok[k] &= (lo >= 0x1p-125f) & (lo * f >= 0x1p-125f) & (hi <= std::numeric_limits<float>::max());
         const VI s = sigma[b * kPacks + k];
@@ -492,6 +502,10 @@ void forward_worker_scaled(const Problem& pr, Source& source, const std::vector<
     for (int l = 0; l < W; ++l) {
       if (pair[l] < 0) continue;
       const int k = l / L, e = l % L;
+      if (ok[k][e] && dp_table) {  // a pair that fails is written again, whole, by the log-space sweep
+        float* dst = dp_table + pair[l] * stride_b + row_of[l] * (pr.N + 1);
+        for (int64_t j = 1; j <= pr.tlen[pair[l]]; ++j) dst[j] = h_row[j * kPacks + k][e];
+      }
       if (ok[k][e]) {
         if (row_of[l]++ < pr.qlen[pair[l]]) continue;
         scores[pair[l]] = static_cast<float>(back * (best_sig[k][e] + std::log2(double(best_m[k][e]))));
@@ -507,14 +521,14 @@ void forward_worker_scaled(const Problem& pr, Source& source, const std::vector<
 // The scaled sweep over `queue` (longest first); returns the pairs it could not hold.
 template <bool POWERS, typename Source>
 std::vector<int64_t> scaled_pairs(const Problem& pr, const Source& prototype, const std::vector<int64_t>& queue,
-                                  float gap, float temperature, float* scores) {
+                                  float gap, float temperature, float* scores, float* dp_table) {
   const int64_t workers = workers_for<float>(static_cast<int64_t>(queue.size()));
   std::vector<std::vector<int64_t>> failed(workers);
   std::atomic<int64_t> next{0};
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       Source source = prototype;
-      forward_worker_scaled<POWERS>(pr, source, queue, next, gap, temperature, scores, failed[w]);
+      forward_worker_scaled<POWERS>(pr, source, queue, next, gap, temperature, scores, dp_table, failed[w]);
     }
   });
   std::vector<int64_t> all;
@@ -528,14 +542,15 @@ std::vector<int64_t> scaled_pairs(const Problem& pr, const Source& prototype, co
 // from codes: the scaled one's matrix is the table of powers.
 template <bool POWERS, typename Source>
 void forward_scaled(const Problem& pr, const Source& scaled_source, const Source& log_source, float gap,
-                    float temperature, float* scores, int64_t& log_pairs) {
-  std::vector<int64_t> again = scaled_pairs<POWERS>(pr, scaled_source, longest_first(pr), gap, temperature, scores);
+                    float temperature, float* scores, float* dp_table, int64_t& log_pairs) {
+  std::vector<int64_t> again =
+      scaled_pairs<POWERS>(pr, scaled_source, longest_first(pr), gap, temperature, scores, dp_table);
   log_pairs += static_cast<int64_t>(again.size());
   if (again.empty()) return;
   std::stable_sort(again.begin(), again.end(), [&](int64_t a, int64_t b) {
     return pr.tlen[a] > pr.tlen[b] || (pr.tlen[a] == pr.tlen[b] && a < b);
   });
-  forward_pairs<float>(pr, log_source, again, gap, temperature, scores, nullptr);
+  forward_pairs<float>(pr, log_source, again, gap, temperature, scores, dp_table);
 }
 
 // Whether the scaled sweep takes a float call: allowed by the caller, t > 0 and gap <= 0 (each gap step
@@ -731,7 +746,7 @@ DenseSource<T> dense_source(const at::Tensor& S, const at::Tensor& tlen) {
 }  // namespace
 
 // Returns (scores (B,), H (B, M+1, N+1) when keep_dp_table, else an empty tensor). scaled: allow the
-// scaled sweep (float32 without the table at t > 0); log_pairs: a (1,) int64 CPU tensor to which the
+// scaled sweep (float32 at t > 0); log_pairs: a (1,) int64 CPU tensor to which the
 // number of pairs it sent to the log-space sweep is added (tests, bench).
 std::vector<at::Tensor> sw_forward(const at::Tensor& S, const at::Tensor& qlen, const at::Tensor& tlen,
                                    double gap, double temperature, bool keep_dp_table, bool scaled,
@@ -750,8 +765,9 @@ std::vector<at::Tensor> sw_forward(const at::Tensor& S, const at::Tensor& qlen, 
       const auto t = static_cast<scalar_t>(temperature);
       const DenseSource<scalar_t> source = dense_source<scalar_t>(S, tlen);
       if constexpr (std::is_same<scalar_t, float>::value) {
-        if (!keep_dp_table && scaled_applies(scaled, gap, temperature)) {  // the table keeps H: log space
-          forward_scaled<false>(pr, source, source, static_cast<float>(gap), t, scores.data_ptr<float>(), to_log);
+        if (scaled_applies(scaled, gap, temperature)) {
+          forward_scaled<false>(pr, source, source, static_cast<float>(gap), t, scores.data_ptr<float>(),
+                                keep_dp_table ? dp.data_ptr<float>() : nullptr, to_log);
           return;
         }
       }
@@ -808,7 +824,7 @@ at::Tensor sw_forward_codes(const at::Tensor& query, const at::Tensor& target, c
       CodeSource with_powers = source;
       with_powers.matrix = powers.data();
       forward_scaled<true>(pr, with_powers, source, static_cast<float>(gap), static_cast<float>(temperature),
-                           scores.data_ptr<float>(), to_log);
+                           scores.data_ptr<float>(), nullptr, to_log);
     } else {
       forward_all<float>(pr, source, static_cast<float>(gap), static_cast<float>(temperature),
                          scores.data_ptr<float>(), nullptr);

@@ -518,14 +518,9 @@ def test_no_grad(dtype, device):
     assert not plain.requires_grad
     tracked = run(S, -1.0, 1.0)
     assert tracked.requires_grad
-    assert torch.equal(quiet, plain)
-    # Keeping the DP table for the backward does not change the forward: bit for bit where both take the
-    # log-space sweep; float32 without the table at t > 0 takes the scaled sweep on the CPU (on CUDA with
-    # 4 columns per lane), within float32 rounding of it.
-    if dtype == torch.float32 and torch.device(device).type == "cpu":
-        torch.testing.assert_close(quiet, tracked.detach(), rtol=1e-6, atol=1e-5)
-    else:
-        assert torch.equal(quiet, tracked.detach())
+    # keeping the DP table for the backward does not change the forward, bit for bit (on the CPU both take
+    # the scaled sweep at t > 0 in float32; on CUDA, batches this small take the log-space one)
+    assert torch.equal(quiet, tracked.detach()) and torch.equal(quiet, plain)
 
 
 # --------------------------------------------------------------------------------------------------
