@@ -373,12 +373,18 @@ void forward_all(const Problem& pr, const Source& prototype, T gap, T temperatur
 // past the target keeps the scale of the values it copies.
 //
 // The sums have no cancellation, so this is at least as accurate as the log-space cell. What it cannot
-// hold is a spread of more than about 2^(top+125) inside a block's row, or a value past the float range;
-// each block checks that its smallest value is at least 2^-125 before and after rescaling and that
-// nothing overflowed or became NaN. A pair that fails anywhere, or whose scores hold a NaN, is scored
+// hold is a spread of more than about 2^(top+100) inside a block's row, or a value past the float range;
+// each block checks that its smallest value is at least kScaledFloor before and after rescaling, and that
+// nothing overflowed or became NaN. Terms that a change of scale may flush to 0 are only added, or are
+// multiplied by P before the change (the border's 1 x P, the diagonal carried in from the left block):
+// a term times a large P can be a cell's largest. A pair that fails anywhere, or whose scores hold a NaN, is scored
 // again by the log-space sweep, whose result it then is.
 constexpr int kScaledTop = 50;
 constexpr int kScaledBlock = 4;
+// The smallest value a block may hold: a term that flushed to 0 (below 2^-126, as the zero term 2^-sigma
+// does once sigma > 126) is then under 2^-26 of every cell. At 2^-125, a tiny cell could lose half its
+// value, and a large P carry that error into the best alignment.
+constexpr float kScaledFloor = 0x1p-100f;
 
 using VF = Lanes<float>::V;
 using VI = Lanes<float>::I;
@@ -391,12 +397,13 @@ inline VI clamp_int(VI k, int lo, int hi) {
   return k > hi ? splat<VI>(hi) : k;
 }
 
-// 2^x for any x: exp2_nonpositive's polynomial, which holds for x up to 127 (clamped there: +inf scores
-// overflow the sum, which fails the check), and 0 below -125 (a -inf score contributes nothing). A NaN
-// x gives a NaN, which fails the check too.
+// 2^x for any x: exp2_nonpositive's polynomial up to 127; +inf past it, which overflows the cell and
+// fails the check (a clamp to 2^127 would not: times a small stored value it stays finite, and wrong);
+// 0 below -125 (a -inf score contributes nothing). A NaN x gives a NaN, which fails the check too.
 inline VF exp2_any(VF x) {
-  const VF p = exp2_nonpositive(x > 127.0f ? splat<VF>(127.0f) : x);
-  return x == x ? (x < -125.0f ? splat<VF>(0.0f) : p) : x;
+  const VF p = exp2_nonpositive(x > 127.0f ? splat<VF>(0.0f) : x);
+  const VF inf = splat<VF>(std::numeric_limits<float>::infinity());
+  return x == x ? (x > 127.0f ? inf : (x < -125.0f ? splat<VF>(0.0f) : p)) : x;
 }
 
 // POWERS: the source's matrix is the table of 2^(m c) (scores from codes); else the source gives S.
@@ -457,22 +464,39 @@ void forward_worker_scaled(const Problem& pr, Source& source, const std::vector<
         const VI old = sigma[b * kPacks + k];
         const VF one = (VF)((VI)(127 - old < 0 ? splat<VI>(0) : 127 - old) << 23);  // 2^-sigma: the zero term
         const VI mine = splat<VI>(static_cast<int32_t>(j0)) <= tv[k];  // lanes with a column in the block
-        VI base;  // the scale the block's values are computed in
+        VI base;             // the scale the block's values are computed in
+        VF to_block_1, to_block_2;  // from the scale of the values carried in (left, diagonal) to `base`
         if (b == 0) {
           carry_left[k] = carry_diag[k] = one;  // the zero border, H[i][0] = H[i-1][0] = 0
           base = old;
         } else {
-          const VF to_block = pow2_int(clamp_int(carried[k] - old, -127, 128));
-          carry_left[k] = mine ? carry_left[k] * to_block : carry_left[k];
-          carry_diag[k] = mine ? carry_diag[k] * to_block : carry_diag[k];
+          // A change of scale by 2^shift in two factors that are normal floats: 2^shift alone flushes to
+          // 0 past 2^-126, while a value times it may still be a normal float. The left value is only
+          // added (what flushes to 0 is under 2^-26 of every cell, kScaledFloor); the diagonal one is
+          // multiplied by P first (first column, below), which may make it the cell's largest term.
+          const VI shift = mine ? carried[k] - old : splat<VI>(0), half = shift >> 1;
+          to_block_1 = pow2_int(clamp_int(half, -127, 128)), to_block_2 = pow2_int(clamp_int(shift - half, -127, 128));
+          carry_left[k] = carry_left[k] * to_block_1 * to_block_2;
           base = mine ? old : carried[k];
         }
         VF hi = splat<VF>(0.0f), lo = splat<VF>(std::numeric_limits<float>::infinity());
-        for (int64_t j = j0; j <= j1; ++j) {
+        auto step = [&](int64_t j, bool first) {
           const VF up = row[j * kPacks + k];
           VF power = source.load(j, k);
           if (!POWERS) power = exp2_any(power * c);
-          VF x = carry_diag[k] * power + one;
+          VF match;
+          if (first && b == 0) {
+            // The border's match term in column 1, 1 x P, is P 2^-sigma: in two factors that are normal
+            // floats, since 2^-sigma alone (the zero term) flushes to 0 once sigma > 126, while times a
+            // large P it can be the cell's largest term.
+            const VI half = old >> 1;
+            match = power * pow2_int(clamp_int(-half, -127, 128)) * pow2_int(clamp_int(half - old, -127, 128));
+          } else if (first) {
+            match = carry_diag[k] * power * to_block_1 * to_block_2;  // the product first, in the left block's scale
+          } else {
+            match = carry_diag[k] * power;
+          }
+          VF x = match + one;
           x = (up + carry_left[k]) * G + x;
           x = splat<VI>(static_cast<int32_t>(j)) <= tv[k] ? x : carry_left[k];
           carry_diag[k] = up;
@@ -480,7 +504,9 @@ void forward_worker_scaled(const Problem& pr, Source& source, const std::vector<
           row[j * kPacks + k] = x;
           hi = x > hi ? x : hi;
           lo = (x < lo) | (x != x) ? x : lo;  // keeps a NaN
-        }
+        };
+        step(j0, true);
+        for (int64_t j = j0 + 1; j <= j1; ++j) step(j, false);
         const VI exponent = ((VI)hi >> 23) & 0xff;
         const VF f = (VF)((254 + top - exponent) << 23);  // 2^(top - exponent of hi)
         for (int64_t j = j0; j <= j1; ++j) row[j * kPacks + k] *= f;
@@ -491,7 +517,7 @@ void forward_worker_scaled(const Problem& pr, Source& source, const std::vector<
             h_row[j * kPacks + k] = (sig + log2_one_to_four(row[j * kPacks + k])) * back_f;
         }
         carried[k] = base;
-        ok[k] &= (lo >= 0x1p-125f) & (lo * f >= 0x1p-125f) & (hi <= std::numeric_limits<float>::max());
+        ok[k] &= (lo >= kScaledFloor) & (lo * f >= kScaledFloor) & (hi <= std::numeric_limits<float>::max());
         const VI s = sigma[b * kPacks + k];
         const VF m = hi * f;
         const VI better = (s > best_sig[k]) | ((s == best_sig[k]) & (m > best_m[k]));

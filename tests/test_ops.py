@@ -764,6 +764,24 @@ class TestCpuScaledSweep:
         keep = (torch.arange(B) != 3) & (torch.arange(B) != 9) & (torch.arange(B) != 20)
         assert torch.equal(out[keep], clean[keep])
 
+    # Settings drawn at random (seed, B, M, N, t, gap, scale of S) on which the scaled sweep once returned
+    # wrong scores without noticing: large scores at small temperatures spread a block's values furthest,
+    # and a term that a change of scale (or the zero term 2^-sigma, once sigma > 126) flushed to 0 could
+    # be, times a large P, the largest of its cell; so could a change of scale past 2^-126 in one factor.
+    # Off by 1e-2 to 0.16 relative, now within 2e-6.
+    FLUSHED = [(1, 33, 61, 98, 0.7, 0.0, 20.0), (39, 17, 55, 55, 1.0, 0.0, 20.0), (63, 100, 10, 6, 0.05, -1.0, 5.0),
+               (187, 64, 44, 125, 0.2, 0.0, 5.0), (239, 100, 65, 20, 0.7, -4.0, 20.0),
+               (294, 64, 23, 9, 0.7, -0.1, 20.0), (280, 33, 33, 76, 1.0, -1.0, 20.0)]
+
+    @pytest.mark.parametrize("seed, B, M, N, t, gap, scale", FLUSHED, ids=[f"seed{f[0]}" for f in FLUSHED])
+    def test_terms_flushed_to_zero_fail_the_check(self, seed, B, M, N, t, gap, scale):
+        S = random_scores((B, M, N), seed=seed, dtype=torch.float32, scale=scale)
+        qlen, tlen = random_lengths(B, M, seed=seed + 1), random_lengths(B, N, seed=seed + 2)
+        exact, _ = self.dense(S.double(), qlen, tlen, gap, t)
+        scaled, _ = self.dense(S, qlen, tlen, gap, t)
+        relative = ((scaled.double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
+        assert relative <= 2e-6
+
     def test_calls_it_does_not_take(self):
         pairs = related_protein_pairs(seed=10_540, count=20, min_length=20, max_length=200)
         query, target, qlen, tlen, matrix = code_batch(pairs)

@@ -1,0 +1,68 @@
+"""The scaled sweeps against the float64 CPU engine over random settings (large scores, small temperatures,
+every gap), and the CUDA codes path against its own log-space sweep on protein pairs near the edge of the
+table of powers (2^(m c) <= 2^60: t down to 0.27 with BLOSUM62).
+
+    python3 tools/fuzz_scaled.py cpu [configurations [seed]]    # CPU engine, dense scores
+    python3 tools/fuzz_scaled.py cuda [configurations [seed]]   # CUDA engine, 4 columns per lane, dense and codes
+
+Prints each configuration whose scaled result is further than 2e-6 (relative) from float64, then a line.
+"""
+
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this tree's swcli, not an installed one
+from swcli import _build  # noqa: E402
+from testing import code_batch, related_protein_pairs, random_protein_pairs  # noqa: E402
+
+
+def dense(engine: str, configurations: int, seed: int = 1) -> None:
+    cpu = _build.cpu_engine()
+    cuda = _build.cuda_engine() if engine == "cuda" else None
+    rng = random.Random(seed)
+    bad = worst = 0
+    for trial in range(configurations):
+        B = 1100 if cuda else rng.choice([1, 3, 17, 33, 64, 100])  # CUDA: enough pairs for 4 columns per lane
+        M, N = rng.randint(1, 60 if cuda else 90), rng.randint(1, 140 if cuda else 130)
+        t = rng.choice([0.05, 0.2, 0.4, 0.7, 1.0, 2.0, 10.0])
+        gap = rng.choice([0.0, -0.1, -1.0, -4.0, -30.0])
+        scale = rng.choice([0.1, 1.0, 5.0, 20.0])
+        S = torch.randn(B, M, N, generator=torch.Generator().manual_seed(trial)) * scale
+        q = torch.randint(0, M + 1, (B,), generator=torch.Generator().manual_seed(trial + 1))
+        tl = torch.randint(0, N + 1, (B,), generator=torch.Generator().manual_seed(trial + 2))
+        if cuda:
+            scaled = cuda.forward(S.cuda(), q.cuda(), tl.cuda(), gap, t, False, 4, True, None)[0].cpu()
+        else:
+            scaled = cpu.forward(S, q, tl, gap, t, False, True, None)[0]
+        exact = cpu.forward(S.double(), q, tl, gap, t, False, False, None)[0]
+        error = ((scaled.double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
+        worst = max(worst, error)
+        if error > 2e-6:
+            bad += 1
+            print(f"trial {trial}: B={B} M={M} N={N} t={t} gap={gap} scale={scale}: {error:.2e}", flush=True)
+    print(f"{engine} dense: {configurations} configurations, worst relative error {worst:.2e}, {bad} past 2e-6")
+
+
+def codes_near_the_cap() -> None:
+    cuda = _build.cuda_engine()
+    pairs = related_protein_pairs(seed=1, count=900, min_length=20, max_length=400)
+    pairs += random_protein_pairs(seed=2, count=300, min_length=5, max_length=400)
+    query, target, qlen, tlen, matrix = code_batch(pairs, device="cuda")
+    qlen, tlen, matrix = qlen.cuda(), tlen.cuda(), matrix.cuda()
+    for t in (0.27, 0.3, 0.4, 0.5, 1.0):
+        for gap in (-1.0, -4.0, -11.0):
+            scaled = cuda.forward_codes(query, target, qlen, tlen, matrix, gap, t, 4, True, None).double()
+            log = cuda.forward_codes(query, target, qlen, tlen, matrix, gap, t, 4, False, None).double()
+            error = ((scaled - log).abs() / log.abs().clamp_min(1)).max().item()
+            print(f"cuda codes BLOSUM62 t={t} gap={gap}: {error:.2e}" + ("  past 2e-6" if error > 2e-6 else ""))
+
+
+if __name__ == "__main__":
+    engine = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    dense(engine, int(sys.argv[2]) if len(sys.argv) > 2 else 300, int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    if engine == "cuda":
+        codes_near_the_cap()
