@@ -368,7 +368,7 @@ void forward_all(const Problem& pr, const Source& prototype, T gap, T temperatur
 // lane keeps its values scaled per block of kScaledBlock columns: E = stored 2^sigma, and after each row
 // the block's sigma takes the exponent of its largest value, which leaves that value in
 // [2^top, 2^(top+1)), top = kScaledTop (the CUDA engine's). The left and diagonal values that cross into
-// the next block are converted to its scale by a power of 2. Columns past a lane's target copy their
+// the next block are converted to its scale by powers of 2. Columns past a lane's target copy their
 // left neighbour, so that they count neither for a block's scale nor for the best cell; a block wholly
 // past the target keeps the scale of the values it copies.
 //
@@ -377,8 +377,8 @@ void forward_all(const Problem& pr, const Source& prototype, T gap, T temperatur
 // each block checks that its smallest value is at least kScaledFloor before and after rescaling, and that
 // nothing overflowed or became NaN. Terms that a change of scale may flush to 0 are only added, or are
 // multiplied by P before the change (the border's 1 x P, the diagonal carried in from the left block):
-// a term times a large P can be a cell's largest. A pair that fails anywhere, or whose scores hold a NaN, is scored
-// again by the log-space sweep, whose result it then is.
+// a term times a large P can be a cell's largest. A pair that fails anywhere, or whose scores hold a
+// NaN, is scored again by the log-space sweep, whose result it then is.
 constexpr int kScaledTop = 50;
 constexpr int kScaledBlock = 4;
 // The smallest value a block may hold: a term that flushed to 0 (below 2^-126, as the zero term 2^-sigma
