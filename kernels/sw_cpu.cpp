@@ -31,6 +31,7 @@
 #include <limits>
 #include <numeric>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -321,33 +322,43 @@ void forward_worker(const Problem& pr, Source& source, const std::vector<int64_t
   }
 }
 
-// The pairs by decreasing target length: the order in which workers' lanes take them.
-std::vector<int64_t> longest_first(const Problem& pr) {
-  std::vector<int64_t> queue(pr.B);
-  std::iota(queue.begin(), queue.end(), 0);
-  std::stable_sort(queue.begin(), queue.end(), [&](int64_t a, int64_t b) { return pr.tlen[a] > pr.tlen[b]; });
-  return queue;
+// `pairs` (all of the batch's by default) by decreasing target length, ties in their order: the order in
+// which workers' lanes take them.
+std::vector<int64_t> longest_first(const Problem& pr, std::vector<int64_t> pairs = {}) {
+  if (pairs.empty()) {
+    pairs.resize(pr.B);
+    std::iota(pairs.begin(), pairs.end(), 0);
+  }
+  std::stable_sort(pairs.begin(), pairs.end(), [&](int64_t a, int64_t b) { return pr.tlen[a] > pr.tlen[b]; });
+  return pairs;
 }
 
-// A worker per thread while there are W pairs for each; one small batch is one worker's.
-template <typename T>
-int64_t workers_for(int64_t pairs) {
-  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), pairs / Lanes<T>::W));
+// work(source, next, w) in a worker per thread while there are W pairs for each (one small batch is one
+// worker's): each with its own copy of the source, all taking pairs from `queue` through `next`.
+// Returns the number of workers.
+template <typename T, typename Source, typename Work>
+int64_t in_workers(const std::vector<int64_t>& queue, const Source& prototype, Work work) {
+  const int64_t pairs = static_cast<int64_t>(queue.size());
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), pairs / Lanes<T>::W));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w) {
+      Source source = prototype;
+      work(source, next, w);
+    }
+  });
+  return workers;
 }
 
 // The pairs of `queue` (longest first) in log space.
 template <typename T, typename Source>
 void forward_pairs(const Problem& pr, const Source& prototype, const std::vector<int64_t>& queue, T gap,
                    T temperature, T* scores, T* dp_table) {
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, workers_for<T>(static_cast<int64_t>(queue.size())), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w) {
-      Source source = prototype;
-      if (temperature == T(0))
-        forward_worker<T, true>(pr, source, queue, next, gap, temperature, scores, dp_table);
-      else
-        forward_worker<T, false>(pr, source, queue, next, gap, temperature, scores, dp_table);
-    }
+  in_workers<T>(queue, prototype, [&](Source& source, std::atomic<int64_t>& next, int64_t) {
+    if (temperature == T(0))
+      forward_worker<T, true>(pr, source, queue, next, gap, temperature, scores, dp_table);
+    else
+      forward_worker<T, false>(pr, source, queue, next, gap, temperature, scores, dp_table);
   });
 }
 
@@ -548,14 +559,9 @@ void forward_worker_scaled(const Problem& pr, Source& source, const std::vector<
 template <bool POWERS, typename Source>
 std::vector<int64_t> scaled_pairs(const Problem& pr, const Source& prototype, const std::vector<int64_t>& queue,
                                   float gap, float temperature, float* scores, float* dp_table) {
-  const int64_t workers = workers_for<float>(static_cast<int64_t>(queue.size()));
-  std::vector<std::vector<int64_t>> failed(workers);
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w) {
-      Source source = prototype;
-      forward_worker_scaled<POWERS>(pr, source, queue, next, gap, temperature, scores, dp_table, failed[w]);
-    }
+  std::vector<std::vector<int64_t>> failed(at::get_num_threads());  // per worker (at most one per thread)
+  in_workers<float>(queue, prototype, [&](Source& source, std::atomic<int64_t>& next, int64_t w) {
+    forward_worker_scaled<POWERS>(pr, source, queue, next, gap, temperature, scores, dp_table, failed[w]);
   });
   std::vector<int64_t> all;
   for (const auto& f : failed) all.insert(all.end(), f.begin(), f.end());
@@ -573,10 +579,8 @@ void forward_scaled(const Problem& pr, const Source& scaled_source, const Source
       scaled_pairs<POWERS>(pr, scaled_source, longest_first(pr), gap, temperature, scores, dp_table);
   log_pairs += static_cast<int64_t>(again.size());
   if (again.empty()) return;
-  std::stable_sort(again.begin(), again.end(), [&](int64_t a, int64_t b) {
-    return pr.tlen[a] > pr.tlen[b] || (pr.tlen[a] == pr.tlen[b] && a < b);
-  });
-  forward_pairs<float>(pr, log_source, again, gap, temperature, scores, dp_table);
+  std::sort(again.begin(), again.end());  // the workers' lists come in any order: the batch's, for ties
+  forward_pairs<float>(pr, log_source, longest_first(pr, std::move(again)), gap, temperature, scores, dp_table);
 }
 
 // Whether the scaled sweep takes a float call: allowed by the caller, t > 0 and gap <= 0 (each gap step
@@ -591,13 +595,10 @@ void add_log_pairs(const c10::optional<at::Tensor>& counter, int64_t pairs) {
   *counter->data_ptr<int64_t>() += pairs;
 }
 
-// The softmax weight exp((x - h) / t) of a term x of a cell h, on whole vectors: float by the exp2
-// polynomial (0 below 2^-125, as for a -inf term; a NaN stays a NaN), float64 by the C library.
+// The softmax weight exp((x - h) / t) of a term x of a cell h, on whole vectors: float by exp2_any (0
+// below 2^-125, as for a -inf term; a NaN stays a NaN), float64 by the C library.
 inline Lanes<float>::V softmax_weight(Lanes<float>::V x, Lanes<float>::V h, float log2e_t, float) {
-  using V = Lanes<float>::V;
-  const V d = (x - h) * log2e_t;
-  const V p = exp2_nonpositive(d > 127.0f ? splat<V>(127.0f) : d);
-  return d == d ? (d < -125.0f ? splat<V>(0.0f) : p) : d;
+  return exp2_any((x - h) * log2e_t);
 }
 inline Lanes<double>::V softmax_weight(Lanes<double>::V x, Lanes<double>::V h, double, double temperature) {
   Lanes<double>::V out;
