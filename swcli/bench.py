@@ -85,18 +85,23 @@ def random_pairs(records: list[FastaRecord], count: int, seed: int = 0) -> list[
     return [(rng.choice(records), rng.choice(records)) for _ in range(count)]
 
 
-def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> list[Row]:
-    """Real-length pairs through the code-lookup path (the one the CLI uses): one padded, length-sorted
-    batch on the backend's device, no I/O; seconds(run) times one run."""
+def real_batch(records: list[FastaRecord], count: int, device=None):
+    """(batch, BLOSUM62 as a tensor): `count` random pairs of `records` as codes, in one padded,
+    length-sorted batch on `device`, as the code-lookup path (the CLI's) takes them."""
     from swcli.batching import make_batches
 
-    device = "cuda" if backend == "cuda" else None
     matrix = load_matrix("BLOSUM62")
     pairs = random_pairs(records, count)
     q = [matrix.encode(a.sequence, a.where) for a, _ in pairs]
     t = [matrix.encode(b.sequence, b.where) for _, b in pairs]
     (batch,) = make_batches(q, t, max_cells=1 << 62, device=device)
-    table = matrix.tensor(device=device)
+    return batch, matrix.tensor(device=device)
+
+
+def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> list[Row]:
+    """Real-length pairs through the code-lookup path (the one the CLI uses): one padded, length-sorted
+    batch on the backend's device, no I/O; seconds(run) times one run."""
+    batch, table = real_batch(records, count, "cuda" if backend == "cuda" else None)
     rows = []
     for temperature in (1.0, 0.0):
         def run():

@@ -24,10 +24,9 @@ import time
 import torch
 
 import swcli
-from swcli.bench import random_pairs
+from swcli.bench import real_batch
 from swcli.fasta import read_fasta
 from swcli.ops import soft_smith_waterman_codes
-from swcli.scoring import load_matrix
 
 
 def kernels() -> None:
@@ -35,14 +34,8 @@ def kernels() -> None:
     for t in (1.0, 0.0):
         swcli.soft_smith_waterman(S, -1.0, t)
     swcli.soft_smith_waterman(torch.randn(16, 32, 32, device="cuda"), -1.0, 1.0)
-    from swcli.batching import make_batches
-
-    matrix = load_matrix("BLOSUM62")
-    pairs = random_pairs(list(read_fasta(".bench/proteins.fasta")), 10_000)
-    q = [matrix.encode(a.sequence, a.where) for a, _ in pairs]
-    t = [matrix.encode(b.sequence, b.where) for _, b in pairs]
-    (batch,) = make_batches(q, t, max_cells=1 << 62, device="cuda")
-    soft_smith_waterman_codes(batch.query_codes, batch.target_codes, matrix.tensor(device="cuda"), -4.0, 1.0,
+    batch, table = real_batch(list(read_fasta(".bench/proteins.fasta")), 10_000, "cuda")
+    soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, 1.0,
                               batch.query_lengths, batch.target_lengths, "cuda")
     S.requires_grad_()
     swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()  # the forward that keeps H, the backward
@@ -130,18 +123,13 @@ def gradient() -> None:
 
 
 def forward() -> None:
-    from swcli.batching import make_batches
     from swcli.bench import cuda_seconds, graph_seconds
 
     seed = torch.randn(16, 32, 32, device="cuda")
     graph = graph_seconds(lambda: swcli.soft_smith_waterman(seed, -1.0, 1.0), 100, 50)
     S = torch.randn(8192, 256, 256, device="cuda")
     dense = cuda_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0), 20)
-    matrix = load_matrix("BLOSUM62")
-    pairs = random_pairs(list(read_fasta(".bench/proteins.fasta")), 10_000)
-    (batch,) = make_batches([matrix.encode(a.sequence, a.where) for a, _ in pairs],
-                            [matrix.encode(b.sequence, b.where) for _, b in pairs], max_cells=1 << 62, device="cuda")
-    table = matrix.tensor(device="cuda")
+    batch, table = real_batch(list(read_fasta(".bench/proteins.fasta")), 10_000, "cuda")
     real = {t: cuda_seconds(lambda: soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, -4.0, t,
                                                               batch.query_lengths, batch.target_lengths, "cuda"), 20)
             for t in (1.0, 0.0)}
