@@ -624,19 +624,25 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
 // alignment, so each lane keeps its values scaled: E = stored * 2^sigma, and after each step it moves
 // the exponent of its largest value into sigma (an integer), which leaves the largest stored value in
 // [2^top, 2^(top+1)), top = kScaledTop: 2^77 of room above, for one step's growth (P up to 2^60, G <= 1)
-// and for a left neighbour larger than the lane's own cells, and about 2^175 below. The left
-// neighbour's value comes with its own sigma and is rescaled by a power of 2. H in score units is
-// t ln2 (sigma + log2 stored): at the tile boundary (one lg2 per row) and for the best cell (once per
-// lane, at the end). Scores from codes on the H200: 1.48x the log-space sweep's speed (10,000 protein
-// pairs at t = 1); dense float scores 1.45x (8192 x 256 x 256).
+// and for a left neighbour larger than the lane's own cells, and 2^150 below (kScaledFloor). The left
+// neighbour's value comes as a mantissa and an exponent and is rescaled by a power of 2. H in score
+// units is t ln2 (sigma + log2 stored): at the tile boundary (one lg2 per row) and for the best cell
+// (once per lane, at the end). Scores from codes on the H200: 1.48x the log-space sweep's speed (10,000
+// protein pairs at t = 1); dense float scores 1.45x (8192 x 256 x 256), before the fix below.
 //
 // The sums have no cancellation, so this is at least as accurate as the log-space cell. What it
-// cannot hold is a spread of more than about 2^(top+125) between the 4 cells of a lane's row, or a
-// value past the float range. Each lane checks every step that its smallest cell is at least 2^-125,
-// before and after rescaling (so that any term that fell below the smallest subnormal, 2^-149, is
-// below 2^-24 of its cell), and that nothing overflowed or became NaN; a pair that fails anywhere is
-// scored again by the log-space sweep (forward_tiles), whose result it then is. A NaN in the scores
-// fails the check, so it reaches the score through that sweep as everywhere else.
+// cannot hold is a spread of more than about 2^(top+100) between the 4 cells of a lane's row, or a
+// value past the float range. Each lane checks every step that its smallest cell is at least
+// kScaledFloor, before and after rescaling, and that nothing overflowed or became NaN; a pair that fails
+// anywhere is scored again by the log-space sweep (forward_tiles), whose result it then is. A NaN in
+// the scores fails the check, so it reaches the score through that sweep as everywhere else.
+//
+// A factor must not flush to 0 where its product would matter. The diagonal term of a lane's first
+// column takes E[i-1][col-1] from the left neighbour, whose scale may be far from this lane's: below
+// 2^-126 here, it may still be the cell's largest term times P. So it is kept with extra range (times
+// 2^bias, or in two factors: above_left in forward_tiles_scaled). Before this, the fuzz
+// (tools/fuzz_scaled.py cuda) found scores off by up to 0.23 relative on dense scores of large |S| / t,
+// and 3.4e-4 from codes at t = 0.27.
 struct Scaled {
   double c;      // log2(e) / t, for the P table
   float G;       // 2^(gap c), at most 1 where allowed
@@ -649,10 +655,23 @@ constexpr int kScaledTop = 50;
 // 2^k for an integer k in [-127, 128]: 0 at -127 (flushed), +inf at 128.
 __device__ __forceinline__ float pow2_int(int k) { return __int_as_float((k + 127) << 23); }
 
+// x 2^k in two factors that are normal floats: 2^k alone flushes to 0 past 2^-126, while x 2^k may still
+// be a normal float (and, times a large P later, a cell's largest term). 0 or +inf past [-252, 254].
+__device__ __forceinline__ float times_pow2(float x, int k) {
+  k = min(max(k, -252), 254);
+  const int half = k >> 1;
+  return x * pow2_int(half) * pow2_int(k - half);
+}
+
+// The smallest value a lane may hold in the scaled sweep: a term that flushed to 0 (below 2^-126, as the
+// zero term 2^-sigma does once sigma > 126, or a left neighbour far below this lane's scale) is then
+// under 2^-26 of every cell.
+constexpr float kScaledFloor = 0x1p-100f;
+
 template <bool POWERS, class Source, class Handoff>
-__device__ bool forward_tiles_scaled(const Pair& p, Source& src, int top, float G, float tl, float c,
+__device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float G, float tl, float c,
                                      const Handoff& handoff, int first_tile, int stride, float& best_out) {
-  constexpr int R = 4, kDepth = Source::kDepth;
+  constexpr int R = 4, kDepth = Source::kDepth, top = kScaledTop;
   static_assert(kWarp % kDepth == 0, "a block of 32 steps holds whole groups of kDepth steps");
   const int lane = threadIdx.x % kWarp;
   constexpr int kTileCols = kWarp * R;
@@ -665,6 +684,7 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int top, float 
   const int tiles = (p.tn + kTileCols - 1) / kTileCols;
   for (int tile = first_tile; tile < tiles; tile += stride) {
     const TileLanes<R> at = start_tile<R>(p, src, tile, tiles, lane);
+    if constexpr (POWERS) src.offs[0] += src.row_bytes * unsigned(src.K);  // the first column's P 2^-bias
     const int width = at.width, lanes = at.lanes, valid = at.valid;
     const bool active = at.active, has_next = at.has_next;
     // Row 0 is the zero border: E = 1.
@@ -673,9 +693,18 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int top, float 
     for (int r = 0; r < R; ++r) up[r] = scale;
     int sig = -top;
     float one = scale;         // 2^-sigma: the zero term
-    float left_above = scale;  // stored E[i-1][col-1]
-    float last = scale;        // stored E[i][col+R-1], handed to lane+1 with last_sig
-    int last_sig = -top;
+    // E[i-1][col-1], the diagonal term's factor in the lane's first column. Its product with P may be
+    // the cell's largest term while the value alone, in this lane's scale, is below the float range. So
+    // with scores from codes it is kept times 2^bias, against P 2^-bias from the third table (see
+    // stage_matrix); with dense scores it is kept as the left neighbour handed it, with its sigma, and
+    // takes this lane's scale after the product with P (times_pow2).
+    float above_left = POWERS ? pow2_int(top + bias) : 1.0f;
+    int above_left_sig = 0;
+    // E[i][col+R-1], handed to lane+1 as a mantissa in [1, 2) and an exponent (last_sig): its rescaling
+    // by a power of 2 then flushes only values below 2^-125 of the neighbour's scale, which are
+    // negligible (see kScaledFloor).
+    float last = 1.0f;
+    int last_sig = 0;
     const float* const bnd_in = tile > 0 ? handoff.source(tile) : nullptr;
     float* const bnd_out = has_next ? handoff.sink(tile) : nullptr;
     // The boundary's H of the block's rows (lane j: row s0 + j), as stored E and sigma: its integer
@@ -715,17 +744,22 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int top, float 
             src.take(d, v);
             const bool on = active && unsigned(i) < unsigned(p.qn);
             if (on) {
-              const int shift = min(max(left_sig - sig, -127), 128);
-              const float lv = left * pow2_int(shift);
+              const float lv = left * pow2_int(min(max(left_sig - sig, -127), 128));  // left in [1, 2)
               float e[R];
-              float diag = left_above, prev = lv;
+              float prev = lv;
 #pragma unroll
               for (int r = 0; r < R; ++r) {
-                float x = fmaf(diag, POWERS ? v[r] : exp2_(v[r] * c), one);
+                const float power = POWERS ? v[r] : exp2_(v[r] * c);
+                float x;
+                if (r > 0)
+                  x = fmaf(up[r - 1], power, one);
+                else if (POWERS)
+                  x = fmaf(above_left, power, one);
+                else
+                  x = times_pow2(above_left * power, above_left_sig - sig) + one;
                 x = fmaf(up[r], G, x);
                 x = fmaf(prev, G, x);
                 if (decltype(masked)::value) x = r < valid ? x : prev;
-                diag = up[r];
                 e[r] = x;
                 prev = x;
               }
@@ -734,16 +768,20 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int top, float 
               const unsigned exponent = __float_as_uint(hi) & 0x7f800000u;
               const float f = __uint_as_float(rescale_base - exponent);  // 2^(top - exponent of hi)
               sig += int(exponent >> 23) - (127 + top);
-              ok = ok && lo >= 0x1p-125f && lo * f >= 0x1p-125f && hi <= FLT_MAX;  // false for a NaN
+              ok = ok && lo >= kScaledFloor && lo * f >= kScaledFloor && hi <= FLT_MAX;  // false for a NaN
 #pragma unroll
               for (int r = 0; r < R; ++r) up[r] = e[r] * f;
-              left_above = lv * f;
+              if (POWERS)
+                above_left = left * pow2_int(min(max(left_sig - sig + bias, -127), 128));
+              else
+                above_left = left, above_left_sig = left_sig;
               one = __int_as_float(max(127 - sig, 0) << 23);
               const float m = hi * f;
               if (sig > best_sig || (sig == best_sig && m > best_m)) best_sig = sig, best_m = m;
             }
-            last = up[R - 1];
-            last_sig = sig;
+            const unsigned last_bits = __float_as_uint(up[R - 1]);
+            last = __uint_as_float((last_bits & 0x007fffffu) | 0x3f800000u);
+            last_sig = sig + int(last_bits >> 23) - 127;
             if (on && has_next && lane == kWarp - 1) {
               bnd_out[i] = tl * (float(sig) + log2_(up[R - 1]));
               if ((i + 1) % kWarp == 0 || i + 1 == p.qn) handoff.publish(tile, i + 1);
@@ -786,23 +824,24 @@ __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, con
 }
 
 // One warp, all the tiles of one pair, float at t > 0 with 4 columns per lane: the scaled sweep (if
-// top >= 0), and the log-space sweep where it is not taken or where the pair fails its check (counted in
-// *log_pairs). POWERS: the source is Codes, whose matrix pointer the scaled sweep points at `powers`.
+// bias >= 0), and the log-space sweep where it is not taken or where the pair fails its check (counted in
+// *log_pairs). POWERS: the source is Codes, whose matrix pointer the scaled sweep points at `powers`
+// (P, then P 2^-bias: see stage_matrix).
 template <bool POWERS, class Source>
-__device__ void scaled_pair(const Pair& p, Source& src, const float* powers, int top, const Scaled& sc,
+__device__ void scaled_pair(const Pair& p, Source& src, const float* powers, int bias, const Scaled& sc,
                             const Consts<float>& k, const Outputs<float>& out, int64_t M, int64_t N,
                             int* log_pairs) {
   const InPlace<float> handoff{out.boundary ? out.boundary + p.b * M : nullptr};
   float best;
   bool done = false;
-  if (top >= 0) {
+  if (bias >= 0) {
     if constexpr (POWERS) {
       const float* const matrix = src.matrix;
       src.matrix = powers;
-      done = forward_tiles_scaled<true>(p, src, top, sc.G, k.tl, k.c, handoff, 0, 1, best);
+      done = forward_tiles_scaled<true>(p, src, bias, sc.G, k.tl, k.c, handoff, 0, 1, best);
       src.matrix = matrix;
     } else {
-      done = forward_tiles_scaled<false>(p, src, top, sc.G, k.tl, k.c, handoff, 0, 1, best);
+      done = forward_tiles_scaled<false>(p, src, 0, sc.G, k.tl, k.c, handoff, 0, 1, best);
     }
     done = __all_sync(kFull, done);
   }
@@ -823,20 +862,28 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const int64_t b = order ? order[slot] : slot;
   const Pair p{b, int(qlen ? qlen[b] : M), int(tlen ? tlen[b] : N)};
   if constexpr (std::is_same<A, float>::value && R == 4 && SOFT && !STORE)
-    scaled_pair<false>(p, src, nullptr, sc.allowed ? kScaledTop : -1, sc, k, out, M, N, log_pairs);
+    scaled_pair<false>(p, src, nullptr, sc.allowed ? 0 : -1, sc, k, out, M, N, log_pairs);
   else
     forward_pair<A, R, SOFT, STORE>(p, src, k, out, M, N);
 }
 
 // The codes kernels first stage the matrix in shared memory (all warps of the block share it), and for
-// the scaled sweep (soft, 4 columns per lane) its table P = 2^(m c) behind it. A block scales only if
-// every P is at most 2^60 (the same test in every block: it depends on the matrix and t alone);
-// otherwise, or where the caller disallows it, every pair takes the log-space sweep. Returns the
-// scaled sweep's top, or -1 for the log-space sweep.
+// the scaled sweep (soft, 4 columns per lane) two tables behind it: P = 2^(m c) of each entry m, and P
+// 2^-bias, where 2^bias is the power of 2 above the largest P. The second is for the lanes' first column,
+// whose diagonal factor is kept times 2^bias (forward_tiles_scaled). A block scales only if every P is
+// at most 2^60 and every P 2^-bias a normal float (the same test in every block: it depends on the
+// matrix and t alone); otherwise, or where the caller disallows it, every pair takes the log-space
+// sweep. Returns the bias, or -1 for the log-space sweep.
 template <bool SCALED>
 __device__ int stage_matrix(float* shared, const float* matrix, int K, const Scaled& sc) {
   const bool scaling = SCALED && sc.allowed;  // else the shared memory holds the matrix alone
+  __shared__ unsigned largest;  // the bits of the largest P (positive floats order as their bits)
+  if (scaling) {
+    if (threadIdx.x == 0) largest = 0;
+    __syncthreads();
+  }
   bool in_range = scaling;
+  unsigned mine = 0;
   for (int x = threadIdx.x; x < K * K; x += blockDim.x) {
     const float m = matrix[x];
     shared[x] = m;
@@ -844,17 +891,27 @@ __device__ int stage_matrix(float* shared, const float* matrix, int K, const Sca
       const float p = float(exp2(double(m) * sc.c));  // rounded once
       shared[K * K + x] = p;
       in_range = in_range && p <= 0x1p60f;  // false for a NaN
+      mine = max(mine, __float_as_uint(p));
     }
   }
-  return __syncthreads_and(in_range) ? kScaledTop : -1;
+  if (scaling) atomicMax(&largest, mine);
+  if (!__syncthreads_and(in_range)) return -1;
+  const int bias = max(int(largest >> 23) - 127 + 1, 0);
+  const float down = pow2_int(-bias);
+  for (int x = threadIdx.x; x < K * K; x += blockDim.x) {
+    const float p = shared[K * K + x] * down;
+    shared[2 * K * K + x] = p;
+    in_range = in_range && p >= 0x1p-126f;
+  }
+  return __syncthreads_and(in_range) ? bias : -1;
 }
 
 // The codes of one pair, one warp.
 template <int R, bool SOFT>
 __device__ void codes_pair(const Pair& p, Codes<R>& src, const float* shared_p, const Consts<float>& k,
-                           const Outputs<float>& out, const Scaled& sc, int top, int* log_pairs) {
+                           const Outputs<float>& out, const Scaled& sc, int bias, int* log_pairs) {
   if constexpr (R == 4 && SOFT)
-    scaled_pair<true>(p, src, shared_p, top, sc, k, out, src.M, src.N, log_pairs);
+    scaled_pair<true>(p, src, shared_p, bias, sc, k, out, src.M, src.N, log_pairs);
   else
     forward_pair<float, R, SOFT, false>(p, src, k, out, src.M, src.N);
 }
@@ -868,13 +925,13 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, 4)
                          const int64_t* qlen, const int64_t* tlen, const int64_t* order, int64_t B, Scaled sc,
                          int* log_pairs) {
   extern __shared__ float shared_matrix[];
-  const int top = stage_matrix<R == 4 && SOFT>(shared_matrix, matrix, src.K, sc);
+  const int bias = stage_matrix<R == 4 && SOFT>(shared_matrix, matrix, src.K, sc);
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;
   const int64_t b = order ? order[slot] : slot;
   src.matrix = shared_matrix;
   const Pair p{b, int(qlen ? qlen[b] : src.M), int(tlen ? tlen[b] : src.N)};
-  codes_pair<R, SOFT>(p, src, shared_matrix + src.K * src.K, k, out, sc, top, log_pairs);
+  codes_pair<R, SOFT>(p, src, shared_matrix + src.K * src.K, k, out, sc, bias, log_pairs);
 }
 
 // Codes, 4 columns per lane, in blocks of kRelayWarps warps. The first `coop` blocks each take one of
@@ -891,7 +948,7 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_k
   __shared__ int done[kRelayWarps];
   __shared__ float warp_best[kRelayWarps];
   if (threadIdx.x < kRelayWarps) done[threadIdx.x] = 0;
-  const int top = stage_matrix<SOFT>(shared_matrix, matrix, src.K, sc);  // also the barrier for done
+  const int bias = stage_matrix<SOFT>(shared_matrix, matrix, src.K, sc);  // also the barrier for done
   src.matrix = shared_matrix;
   const float* const shared_p = shared_matrix + src.K * src.K;
   const int warp = threadIdx.x / kWarp;
@@ -904,9 +961,9 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_k
     const Relay<float, kRelayWarps> handoff{relay + int64_t(blockIdx.x) * (kRelayWarps + 1) * src.M, src.M, p.qn,
                                             done};
     bool scored = false;
-    if (SOFT && top >= 0) {
+    if (SOFT && bias >= 0) {
       src.matrix = shared_p;
-      const bool ok = forward_tiles_scaled<true>(p, src, top, sc.G, k.tl, k.c, handoff, warp, kRelayWarps, best);
+      const bool ok = forward_tiles_scaled<true>(p, src, bias, sc.G, k.tl, k.c, handoff, warp, kRelayWarps, best);
       src.matrix = shared_matrix;
       scored = __syncthreads_and(ok);  // every warp is past the pair: the relay counts can start again
       if (!scored) {
@@ -930,7 +987,7 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_k
   if (slot >= B) return;
   const int64_t b = order[slot];
   const Pair p{b, int(qlen[b]), int(tlen[b])};
-  codes_pair<4, SOFT>(p, src, shared_p, k, out, sc, top, log_pairs);
+  codes_pair<4, SOFT>(p, src, shared_p, k, out, sc, bias, log_pairs);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1251,13 +1308,13 @@ cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const
   const Consts<float> k = consts<float>(gap, t);
   const Outputs<float> out{scores, nullptr, nullptr, boundary};
   size_t smem = sizeof(float) * K * K;
-  // The scaled sweep (t > 0, 4 columns per lane) needs the table of powers beside the matrix.
+  // The scaled sweep (t > 0, 4 columns per lane) needs two tables of powers beside the matrix.
   const Scaled sc = scaled_settings(gap, t, allow_scaled && lane_columns == 4 &&
-                                                int64_t(2 * smem) + 1024 <= shared_limit);
-  if (sc.allowed) smem *= 2;
+                                                int64_t(3 * smem) + 1024 <= shared_limit);
+  if (sc.allowed) smem *= 3;
   const int blocks = blocks_for(pr.B), threads = kWarp * kWarpsPerBlock;
   auto go = [&](auto kernel, auto src) {
-    if (smem > 48 * 1024) {  // past the default limit: ask for more (rare: K > 110, or K > 78 scaled)
+    if (smem > 48 * 1024) {  // past the default limit: ask for more (rare: K > 110, or K > 64 scaled)
       cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
       if (err != cudaSuccess) return err;
     }
