@@ -1230,6 +1230,26 @@ class TestCudaBackend:
         finite[[60, 70]] = False
         assert ((out.cpu().double() - exact)[finite].abs() <= 1e-4 + 1e-5 * exact[finite].abs()).all()
 
+    # Settings of tools/fuzz_scaled.py cuda (seed 1: trial, M, N, t, gap, scale; 1100 pairs) where the
+    # scaled sweep was wrong. The first 7: a factor below the float range, flushed to 0 (a left neighbour
+    # far below the lane's scale, the first tile's border), that times a large P was the largest term of
+    # its cell: off by 4e-3 to 0.23 relative. The last 2: H small at a large t, where sigma + lg2(stored)
+    # cancelled: 4.6e-6 and 1.07e-5.
+    CUDA_FUZZ = [(7, 47, 8, 1.0, -0.1, 20.0), (61, 21, 11, 0.7, 0.0, 20.0), (280, 60, 33, 1.0, -1.0, 20.0),
+                 (147, 14, 136, 0.2, -0.1, 5.0), (140, 53, 3, 0.4, -1.0, 20.0), (20, 33, 59, 0.05, -0.1, 1.0),
+                 (88, 50, 39, 0.2, -1.0, 5.0), (3, 39, 1, 2.0, -4.0, 5.0), (187, 4, 24, 10.0, -30.0, 20.0)]
+
+    @pytest.mark.parametrize("trial, M, N, t, gap, scale", CUDA_FUZZ, ids=[f"trial{f[0]}" for f in CUDA_FUZZ])
+    def test_scaled_sweep_fuzz_findings(self, trial, M, N, t, gap, scale):
+        B = 1100
+        S = torch.randn(B, M, N, generator=torch.Generator().manual_seed(trial)) * scale
+        qlen = torch.randint(0, M + 1, (B,), generator=torch.Generator().manual_seed(trial + 1))
+        tlen = torch.randint(0, N + 1, (B,), generator=torch.Generator().manual_seed(trial + 2))
+        exact = ssw(S.double(), gap, t, qlen, tlen, backend="cpu")
+        out, _ = self.dense_engine(S.cuda(), qlen.cuda(), tlen.cuda(), gap, t)
+        relative = ((out.cpu().double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
+        assert relative <= 2e-6
+
     def test_scaled_sweep_nan_in_the_matrix(self):
         # A NaN entry keeps the whole call in log space; it reaches only the pairs that use it.
         pairs = random_protein_pairs(seed=9920, count=1100, min_length=5, max_length=150)
