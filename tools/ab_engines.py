@@ -1,6 +1,6 @@
 """Compare CUDA engine builds of several trees in one process, their calls interleaved, so that the
 GPU's clock and temperature drift the same for all (run after tools/variants.sh has built them, on the
-GPU machine). Separate processes one after another differed by up to 7% on an unchanged kernel.
+GPU machine). Separate processes one after another differed by up to 8% on an unchanged kernel.
 
     python3 tools/ab_engines.py ROUNDS CACHE_DIR...     # e.g. /tmp/variants-cache/main ...
 
