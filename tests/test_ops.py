@@ -1265,6 +1265,21 @@ class TestCudaBackend:
         others = torch.arange(len(pairs)) != 7
         assert torch.equal(out[others.cuda()], clean[others.cuda()])
 
+    def test_scaled_sweep_forbidden_substitution(self):
+        # An entry of -inf (P = 0): the first column's diagonal factor, kept times 2^bias against P 2^-bias,
+        # would lose terms there, so the whole call stays in log space, and gives its scores.
+        pairs = random_protein_pairs(seed=9925, count=1100, min_length=5, max_length=150)
+        query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
+        a, w = BLOSUM62.alphabet.index("A"), BLOSUM62.alphabet.index("W")
+        table[a, w] = table[w, a] = -math.inf
+        out, in_log_space = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, -4.0, 1.0)
+        assert in_log_space == len(pairs)
+        log, _ = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, -4.0, 1.0, scaled=False)
+        assert torch.equal(out, log)
+        forbidding = substitution_matrices.Array(alphabet=BLOSUM62.alphabet, dims=2, data=table.cpu().double().numpy())
+        exact = self.exact_scores(pairs, -4.0, 1.0, forbidding)
+        assert ((out.cpu().double() - exact).abs() <= 1e-4 + 1e-5 * exact.abs()).all()
+
     def test_deterministic(self):
         S = random_scores((1200, 50, 170), seed=9800, dtype=torch.float32, device=self.device)
         qlen = random_lengths(1200, 50, seed=9801).cuda()
