@@ -1266,8 +1266,9 @@ class TestCudaBackend:
         assert torch.equal(out[others.cuda()], clean[others.cuda()])
 
     def test_scaled_sweep_forbidden_substitution(self):
-        # An entry of -inf (P = 0): the first column's diagonal factor, kept times 2^bias against P 2^-bias,
-        # would lose terms there, so the whole call stays in log space, and gives its scores.
+        # An entry of -inf (P = 0): P 2^-bias is not a normal float, so the whole call stays in log space
+        # (the first column's diagonal factor, kept times 2^bias, could be large enough for a flushed
+        # P 2^-bias to matter; for -inf itself nothing would be lost), and gives its scores.
         pairs = random_protein_pairs(seed=9925, count=1100, min_length=5, max_length=150)
         query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
         a, w = BLOSUM62.alphabet.index("A"), BLOSUM62.alphabet.index("W")
