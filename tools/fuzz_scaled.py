@@ -36,10 +36,10 @@ def dense(engine: str, configurations: int, seed: int = 1) -> None:
         q = torch.randint(0, M + 1, (B,), generator=torch.Generator().manual_seed(trial + 1))
         tl = torch.randint(0, N + 1, (B,), generator=torch.Generator().manual_seed(trial + 2))
         if cuda:
-            scaled, log = (cuda.forward(S.cuda(), q.cuda(), tl.cuda(), gap, t, False, 4, scaled, None)[0].cpu()
-                           for scaled in (True, False))
+            scaled, log = (cuda.forward(S.cuda(), q.cuda(), tl.cuda(), gap, t, False, 4, sweep, None)[0].cpu()
+                           for sweep in (True, False))  # the scaled sweep, then the log-space one
         else:
-            scaled, log = (cpu.forward(S, q, tl, gap, t, False, scaled, None)[0] for scaled in (True, False))
+            scaled, log = (cpu.forward(S, q, tl, gap, t, False, sweep, None)[0] for sweep in (True, False))
         exact = cpu.forward(S.double(), q, tl, gap, t, False, False, None)[0]
         error, log_error = (((x.double() - exact).abs() / exact.abs().clamp_min(1)).max().item() for x in (scaled, log))
         worst = max(worst, error)
