@@ -51,3 +51,16 @@ def test_batches_cover_every_pair_once_sorted_and_within_budget():
 def test_one_pair_over_budget_gets_a_batch_of_its_own():
     batches = make_batches([b"\x00" * 100, b"\x00"], [b"\x00" * 100, b"\x00"], max_cells=50)
     assert sorted(len(b.positions) for b in batches) == [1, 1]
+
+
+def test_a_budget_that_holds_the_chunk_gives_one_batch():
+    rng = random.Random(4)
+    queries = [bytes(rng.randrange(20) for _ in range(rng.randint(1, 40))) for _ in range(100)]
+    targets = [bytes(rng.randrange(20) for _ in range(rng.randint(1, 40))) for _ in range(100)]
+    whole = 100 * max(map(len, queries)) * max(map(len, targets))
+    order = sorted(range(100), key=lambda k: (len(queries[k]), len(targets[k])))
+    for budget in (1 << 62, whole):
+        (batch,) = make_batches(queries, targets, max_cells=budget)
+        assert batch.positions == order
+        assert batch.query_codes.shape == (100, max(map(len, queries)))
+    assert len(make_batches(queries, targets, max_cells=whole - 1)) > 1
