@@ -52,20 +52,17 @@ def make_batches(
     """Sort the chunk's pairs by length and cut it into batches of at most max_cells padded cells."""
     lengths = list(zip(map(len, query_codes), map(len, target_codes)))
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    if order and len(order) * max(q for q, _ in lengths) * max(t for _, t in lengths) <= max_cells:
-        groups = [order]  # all in one batch (the compiled engines' budget): what the loop below would give
-    else:
-        groups: list[list[int]] = []
-        rows = cols = 0
-        for k in order:
-            q, t = lengths[k]
-            grown_rows, grown_cols = max(rows, q), max(cols, t)
-            if groups and (len(groups[-1]) + 1) * grown_rows * grown_cols <= max_cells:
-                groups[-1].append(k)
-                rows, cols = grown_rows, grown_cols
-            else:
-                groups.append([k])
-                rows, cols = q, t
+    groups: list[list[int]] = []
+    rows = cols = 0
+    for k in order:
+        q, t = lengths[k]
+        grown_rows, grown_cols = max(rows, q), max(cols, t)
+        if groups and (len(groups[-1]) + 1) * grown_rows * grown_cols <= max_cells:
+            groups[-1].append(k)
+            rows, cols = grown_rows, grown_cols
+        else:
+            groups.append([k])
+            rows, cols = q, t
     batches = []
     for positions in groups:
         q_codes, q_lengths = pad_codes([query_codes[k] for k in positions], device)
