@@ -72,6 +72,13 @@ inline V splat(T x) {
   return V{} + x;
 }
 
+// log2(e) / t, capped at T's largest value so that a tiny t (even a denormal one) gives huge finite
+// exponents, not inf * 0.
+template <typename T>
+inline double log2e_over(double temperature) {
+  return std::min<double>(1.4426950408889634 / temperature, std::numeric_limits<T>::max());
+}
+
 // max that returns NaN when either side is NaN (plain a > b ? a : b would drop a NaN in b).
 template <typename V>
 inline V nan_max(V a, V b) {
@@ -266,9 +273,7 @@ void forward_worker(const Problem& pr, Source& source, const std::vector<int64_t
   source.prepare(cols);
   const V zero = splat<V>(T(0));
   const V g = splat<V>(gap);
-  // log2(e)/t, capped so that a tiny t (even a denormal one) gives huge finite exponents, not inf * 0.
-  const T log2e_t = Hard ? T(0) : static_cast<T>(std::min<double>(1.4426950408889634 / temperature,
-                                                                  std::numeric_limits<T>::max()));
+  const T log2e_t = Hard ? T(0) : static_cast<T>(log2e_over<T>(temperature));
   const T back = temperature * T(0.69314718055994531);
   const int64_t stride_b = (pr.M + 1) * (pr.N + 1);
   int64_t pair[W], row_of[W];  // the lane's pair (-1 when idle) and its current row, 1-based
@@ -434,7 +439,7 @@ void forward_worker_scaled(const Problem& pr, Source& source, const std::vector<
   std::vector<VI> sigma(std::max<int64_t>(blocks, 1) * kPacks);      // each block's exponent
   std::vector<VF> h_row(dp_table ? (cols + 1) * kPacks : 0);         // the row's H, for the table
   source.prepare(cols);
-  const double c_exact = std::min<double>(1.4426950408889634 / temperature, std::numeric_limits<float>::max());
+  const double c_exact = log2e_over<float>(temperature);
   const float c = static_cast<float>(c_exact);
   const VF G = splat<VF>(static_cast<float>(std::exp2(double(gap) * c_exact)));
   const double back = double(temperature) * 0.69314718055994531;
@@ -693,7 +698,7 @@ void backward_pair_soft(const Problem& pr, const DenseSource<T>& S, const T* H, 
   const T *Hb = p.H, *Sb = p.S;
   T* Gb = p.G;
   if (bi == 0 || bj == 0) return;  // the zero border: nothing flows into S
-  const T log2e_t = static_cast<T>(std::min<double>(1.4426950408889634 / temperature, std::numeric_limits<T>::max()));
+  const T log2e_t = static_cast<T>(log2e_over<T>(temperature));
   rows.resize(bj);
   T *w1 = rows.w1.data(), *w2 = rows.w2.data(), *w3 = rows.w3.data(), *s = rows.scores.data();
   T *w1_below = rows.w1_below.data(), *w2_below = rows.w2_below.data();
@@ -833,7 +838,7 @@ at::Tensor sw_forward_codes(const at::Tensor& query, const at::Tensor& target, c
   // or a huge entry keeps the whole call in log space).
   std::vector<float> powers;
   if (scaled_applies(scaled, gap, temperature)) {
-    const double c = std::min<double>(1.4426950408889634 / temperature, std::numeric_limits<float>::max());
+    const double c = log2e_over<float>(temperature);
     const float* m = table.data_ptr<float>();
     powers.resize(K * K);
     for (int64_t x = 0; x < K * K; ++x) {
