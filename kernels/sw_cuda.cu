@@ -826,6 +826,19 @@ __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, con
   }
 }
 
+// The scaled sweep of scores from codes: the source reads the tables of powers (P, then P 2^-bias: see
+// stage_matrix) during the sweep, and the matrix again after it, for a log-space sweep of the pair.
+template <class Source, class Handoff>
+__device__ bool codes_tiles_scaled(const Pair& p, Source& src, const float* powers, int bias, const Scaled& sc,
+                                   const Consts<float>& k, const Handoff& handoff, int first_tile, int stride,
+                                   float& best) {
+  const float* const matrix = src.matrix;
+  src.matrix = powers;
+  const bool ok = forward_tiles_scaled<true>(p, src, bias, sc.G, k.tl, k.c, handoff, first_tile, stride, best);
+  src.matrix = matrix;
+  return ok;
+}
+
 // One warp, all the tiles of one pair, float at t > 0 with 4 columns per lane: the scaled sweep (if
 // bias >= 0), and the log-space sweep where it is not taken or where the pair fails its check (counted in
 // *log_pairs). POWERS: the source is Codes, whose matrix pointer the scaled sweep points at `powers`
@@ -838,14 +851,10 @@ __device__ void scaled_pair(const Pair& p, Source& src, const float* powers, int
   float best;
   bool done = false;
   if (bias >= 0) {
-    if constexpr (POWERS) {
-      const float* const matrix = src.matrix;
-      src.matrix = powers;
-      done = forward_tiles_scaled<true>(p, src, bias, sc.G, k.tl, k.c, handoff, 0, 1, best);
-      src.matrix = matrix;
-    } else {
+    if constexpr (POWERS)
+      done = codes_tiles_scaled(p, src, powers, bias, sc, k, handoff, 0, 1, best);
+    else
       done = forward_tiles_scaled<false>(p, src, 0, sc.G, k.tl, k.c, handoff, 0, 1, best);
-    }
     done = __all_sync(kFull, done);
   }
   if (!done) {
@@ -965,9 +974,7 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_k
                                             done};
     bool scored = false;
     if (SOFT && bias >= 0) {
-      src.matrix = shared_p;
-      const bool ok = forward_tiles_scaled<true>(p, src, bias, sc.G, k.tl, k.c, handoff, warp, kRelayWarps, best);
-      src.matrix = shared_matrix;
+      const bool ok = codes_tiles_scaled(p, src, shared_p, bias, sc, k, handoff, warp, kRelayWarps, best);
       scored = __syncthreads_and(ok);  // every warp is past the pair: the relay counts can start again
       if (!scored) {
         if (threadIdx.x < kRelayWarps) done[threadIdx.x] = 0;
