@@ -7,26 +7,41 @@
 
 #include "sw_cuda.h"
 
+// Every failed check's message is one string, built with std::string and std::to_string, never from
+// several parts given to TORCH_CHECK: on the H200 machine of docs/benchmarks/h200.md (torch 2.11, CUDA
+// 13) such a message (c10::str, which formats through std::ostringstream) ended the process with
+// SIGSEGV instead of raising, while every check with a single string raised (tests/test_ops.py,
+// test_engine_bad_arguments_raise, and a load_inline probe). The checks are made in the bound
+// functions themselves; the helpers return what they found.
+#define SWCLI_CHECK_CUDA(call, what)                                                                    \
+  do {                                                                                                \
+    const cudaError_t swcli_err = (call);                                                             \
+    TORCH_CHECK(swcli_err == cudaSuccess,                                                             \
+                std::string("swcli CUDA engine: ") + (what) + " failed: " + cudaGetErrorString(swcli_err)); \
+  } while (0)
+
 namespace {
 
-void check_cuda(cudaError_t err, const char* what) {
-  TORCH_CHECK(err == cudaSuccess, "swcli CUDA engine: ", what, " failed: ", cudaGetErrorString(err));
-}
-
+// The current device's attribute, or -1 where CUDA cannot say.
 int device_attribute(cudaDeviceAttr attribute) {
   int device = 0, value = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&value, attribute, device), "cudaDeviceGetAttribute");
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess)
+    return -1;
   return value;
 }
 
-// Columns per lane: 1 keeps the critical path short when there are too few pairs to fill the GPU
-// (the latency-bound small batches), 4 amortises each step's shuffle and loads at scale.
-int lane_columns_for(int64_t B, int64_t requested) {
-  if (requested == 1 || requested == 4) return int(requested);
-  TORCH_CHECK(requested == 0, "lane_columns must be 0 (automatic), 1 or 4, got ", requested);
+bool lane_columns_allowed(int64_t requested, bool codes) {
+  return requested == 0 || requested == 1 || requested == 4 || (codes && requested == 8);
+}
+
+// Columns per lane (requested: allowed, above): 1 keeps the critical path short when there are too few
+// pairs to fill the GPU (the latency-bound small batches), 4 amortises each step's shuffle and loads at
+// scale, and 8 (scores from codes) amortises them further where the scaled sweep can hold 8 (the kernel
+// takes 4 where not).
+int lane_columns_for(int64_t B, int64_t requested, bool codes) {
+  if (requested != 0) return int(requested);
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);  // the first device's: a hint
-  return B < int64_t(sms) * 8 ? 1 : 4;
+  return B < int64_t(sms) * 8 ? 1 : (codes ? 8 : 4);
 }
 
 // Pairs of at least this many rows x column tiles share a block of warps (see Relay in sw_cuda.cu):
@@ -38,16 +53,21 @@ struct Lengths {
   at::Tensor work;               // rows x column tiles of each pair, the key of `order` (B > 1)
 };
 
+// Whether the lengths given are contiguous int64 tensors of shape (B,) on the device.
+bool lengths_allowed(const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen, int64_t B,
+                     const at::Device& device) {
+  for (const auto* x : {&qlen, &tlen})
+    if (x->has_value() && !((*x)->device() == device && (*x)->scalar_type() == at::kLong && (*x)->dim() == 1 &&
+                            (*x)->size(0) == B && (*x)->is_contiguous()))
+      return false;
+  return true;
+}
+
 // Lengths on the device (int64), and the longest-first order in which warps start the pairs.
 Lengths lengths_for(const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen,
                     int64_t B, int64_t M, int64_t N, const at::Device& device, int64_t tile_columns) {
   Lengths l;
   if (!qlen.has_value() && !tlen.has_value()) return l;
-  for (const auto* x : {&qlen, &tlen})
-    if (x->has_value())
-      TORCH_CHECK((*x)->device() == device && (*x)->scalar_type() == at::kLong && (*x)->dim() == 1 &&
-                      (*x)->size(0) == B && (*x)->is_contiguous(),
-                  "lengths must be contiguous int64 tensors of shape (B,) on the scores' device");
   const auto full = [&](int64_t n) { return at::full({B}, n, at::TensorOptions().dtype(at::kLong).device(device)); };
   l.qlen = qlen.has_value() ? *qlen : full(M);
   l.tlen = tlen.has_value() ? *tlen : full(N);
@@ -78,27 +98,46 @@ struct Plan {
   at::Tensor boundary;
 };
 
+// What is wrong with a batch's sizes, lengths or lane_columns, or "" (for the bound functions to raise).
+std::string batch_error(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& qlen,
+                        const c10::optional<at::Tensor>& tlen, const at::Device& device, int64_t lane_columns,
+                        bool codes) {
+  if (M >= INT32_MAX || N >= INT32_MAX)
+    return "the CUDA engine takes up to 2^31 - 2 rows and columns, got " + std::to_string(M) + " x " +
+           std::to_string(N);
+  if (!lengths_allowed(qlen, tlen, B, device))
+    return "lengths must be contiguous int64 tensors of shape (B,) on the scores' device";
+  if (!lane_columns_allowed(lane_columns, codes))
+    return std::string("lane_columns must be 0 (automatic), 1") + (codes ? ", 4 or 8" : " or 4") + ", got " +
+           std::to_string(lane_columns);
+  return "";
+}
+
+// The plan of a batch that batch_error passed.
 Plan plan_for(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& qlen,
-              const c10::optional<at::Tensor>& tlen, int64_t lane_columns, const at::TensorOptions& values) {
-  TORCH_CHECK(M < INT32_MAX && N < INT32_MAX, "the CUDA engine takes up to 2^31 - 2 rows and columns, got ", M,
-              " x ", N);
+              const c10::optional<at::Tensor>& tlen, int64_t lane_columns, const at::TensorOptions& values,
+              bool codes = false) {
   Plan plan;
-  plan.R = lane_columns_for(B, lane_columns);
-  const int64_t tile = sw_cuda_tile_columns(plan.R);
+  plan.R = lane_columns_for(B, lane_columns, codes);
+  // The tiles of 4 columns per lane also where the codes kernel takes 8: it may take 4 (see above).
+  const int64_t tile = sw_cuda_tile_columns(std::min(plan.R, 4));
   plan.lengths = lengths_for(qlen, tlen, B, M, N, values.device(), tile);
   plan.pr = problem(B, M, N, plan.lengths);
   plan.boundary = boundary_for(B, M, N, tile, values);
   return plan;
 }
 
-// The device counter of pairs scored in log space (see forward), checked, or null.
-int* counter_or_null(const c10::optional<at::Tensor>& counter, const at::Tensor& like) {
-  if (!counter.has_value()) return nullptr;
-  TORCH_CHECK(counter->is_cuda() && counter->device() == like.device() && counter->scalar_type() == at::kInt &&
-                  counter->numel() == 1,
-              "log_pairs must be a (1,) int32 tensor on the inputs' device");
-  return counter->data_ptr<int>();
+// Whether the counter of pairs scored in log space (see forward), if any, is a (1,) int32 tensor there.
+bool counter_allowed(const c10::optional<at::Tensor>& counter, const at::Tensor& like) {
+  return !counter.has_value() || (counter->is_cuda() && counter->device() == like.device() &&
+                                  counter->scalar_type() == at::kInt && counter->numel() == 1);
 }
+
+int* counter_or_null(const c10::optional<at::Tensor>& counter) {
+  return counter.has_value() ? counter->data_ptr<int>() : nullptr;
+}
+
+constexpr const char* kCounterError = "log_pairs must be a (1,) int32 tensor on the inputs' device";
 
 template <typename T>
 T* ptr_or_null(const at::Tensor& t) {
@@ -116,11 +155,14 @@ std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::
                                         const c10::optional<at::Tensor>& log_pairs) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
-              "the CUDA engine takes float32 or float64, got ", S_in.scalar_type());
+              std::string("the CUDA engine takes float32 or float64, got ") + c10::toString(S_in.scalar_type()));
   TORCH_CHECK(temperature >= 0, "temperature must be >= 0");
+  const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false);
+  TORCH_CHECK(error.empty(), error);
+  TORCH_CHECK(counter_allowed(log_pairs, S_in), kCounterError);
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
-  const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
   const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, S.options());
   const Problem& pr = plan.pr;
   const int R = plan.R;
@@ -136,15 +178,16 @@ std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::
     scores.zero_();
     if (keep_dp_table) best_at.fill_(-1);
   } else if (S.scalar_type() == at::kFloat) {
-    check_cuda(sw_cuda_forward_f32(pr, S.data_ptr<float>(), scores.data_ptr<float>(), ptr_or_null<float>(table),
-                                   ptr_or_null<int64_t>(best_at), ptr_or_null<float>(boundary), gap, temperature,
-                                   R, stream, scaled, counter_or_null(log_pairs, S)),
-               "forward");
+    SWCLI_CHECK_CUDA(sw_cuda_forward_f32(pr, S.data_ptr<float>(), scores.data_ptr<float>(),
+                                         ptr_or_null<float>(table), ptr_or_null<int64_t>(best_at),
+                                         ptr_or_null<float>(boundary), gap, temperature, R, stream, scaled,
+                                         counter_or_null(log_pairs)),
+                     "forward");
   } else {
-    check_cuda(sw_cuda_forward_f64(pr, S.data_ptr<double>(), scores.data_ptr<double>(),
-                                   ptr_or_null<double>(table), ptr_or_null<int64_t>(best_at),
-                                   ptr_or_null<double>(boundary), gap, temperature, R, stream),
-               "forward");
+    SWCLI_CHECK_CUDA(sw_cuda_forward_f64(pr, S.data_ptr<double>(), scores.data_ptr<double>(),
+                                         ptr_or_null<double>(table), ptr_or_null<int64_t>(best_at),
+                                         ptr_or_null<double>(boundary), gap, temperature, R, stream),
+                     "forward");
   }
   return {scores, table, best_at};  // undefined tensors reach Python as None
 }
@@ -162,36 +205,43 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
                   query_in.scalar_type() == at::kByte && target_in.scalar_type() == at::kByte,
               "codes must be uint8 tensors of shapes (B, M) and (B, N)");
   TORCH_CHECK(matrix_in.dim() == 2 && matrix_in.size(0) == matrix_in.size(1), "the matrix must be square");
+  const int64_t B = query_in.size(0), M = query_in.size(1), N = target_in.size(1);
+  const std::string error = batch_error(B, M, N, qlen, tlen, query_in.device(), lane_columns, true);
+  TORCH_CHECK(error.empty(), error);
+  TORCH_CHECK(counter_allowed(log_pairs, matrix_in), kCounterError);
   const c10::cuda::CUDAGuard guard(query_in.device());
   const int64_t K = matrix_in.size(0);
   const int64_t smem_limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  TORCH_CHECK(K * K * int64_t(sizeof(float)) <= smem_limit, "a ", K, " x ", K,
-              " matrix does not fit in the GPU's shared memory (", smem_limit, " bytes per block)");
+  TORCH_CHECK(smem_limit > 0, "swcli CUDA engine: the device's shared memory per block is unknown");
+  TORCH_CHECK(K * K * int64_t(sizeof(float)) <= smem_limit,
+              "a " + std::to_string(K) + " x " + std::to_string(K) + " matrix does not fit in the GPU's shared " +
+                  "memory (" + std::to_string(smem_limit) + " bytes per block)");
   const at::Tensor query = query_in.contiguous(), target = target_in.contiguous();
   const at::Tensor matrix = matrix_in.to(at::kFloat).contiguous();
-  const int64_t B = query.size(0), M = query.size(1), N = target.size(1);
-  const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, matrix.options());
+  const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, matrix.options(), true);
   at::Tensor scores = at::empty({B}, matrix.options());
   if (M == 0 || N == 0) return scores.zero_();
   // With 4 columns per lane and lengths, the longest pairs (a prefix of the order) get a block each.
-  const int64_t tile = sw_cuda_tile_columns(plan.R);
+  const int64_t tile = sw_cuda_tile_columns(std::min(plan.R, 4));  // as in plan_for
   const Lengths& l = plan.lengths;
   Relaying relaying{};
   at::Tensor coop_count, relay;
-  if (plan.R == 4 && l.order.defined() && N > tile) {
-    relaying.max_coop = std::min<int64_t>(B, 2 * int64_t(device_attribute(cudaDevAttrMultiProcessorCount)));
+  if (plan.R >= 4 && l.order.defined() && N > tile) {
+    const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+    TORCH_CHECK(sms > 0, "swcli CUDA engine: the device's number of SMs is unknown");
+    relaying.max_coop = std::min<int64_t>(B, 2 * int64_t(sms));
     // the pairs over the threshold are a prefix of the order, which sorts by the same work
     coop_count = (l.work >= kRelayMinWork).sum().clamp_max(relaying.max_coop).to(at::kLong);
     relay = at::empty({relaying.max_coop, sw_cuda_relay_warps() + 1, M}, matrix.options());
     relaying.coop_count = coop_count.data_ptr<int64_t>();
     relaying.relay = relay.data_ptr<float>();
   }
-  check_cuda(sw_cuda_forward_codes(plan.pr, query.data_ptr<uint8_t>(), target.data_ptr<uint8_t>(),
-                                   matrix.data_ptr<float>(), int(K), scores.data_ptr<float>(),
-                                   ptr_or_null<float>(plan.boundary), gap, temperature, plan.R,
-                                   c10::cuda::getCurrentCUDAStream(), relaying.relay ? &relaying : nullptr, scaled,
-                                   counter_or_null(log_pairs, matrix), smem_limit),
-             "forward_codes");
+  SWCLI_CHECK_CUDA(sw_cuda_forward_codes(plan.pr, query.data_ptr<uint8_t>(), target.data_ptr<uint8_t>(),
+                                         matrix.data_ptr<float>(), int(K), scores.data_ptr<float>(),
+                                         ptr_or_null<float>(plan.boundary), gap, temperature, plan.R,
+                                         c10::cuda::getCurrentCUDAStream(), relaying.relay ? &relaying : nullptr,
+                                         scaled, counter_or_null(log_pairs), smem_limit),
+                   "forward_codes");
   return scores;
 }
 
@@ -201,9 +251,11 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
                             const c10::optional<at::Tensor>& tlen, double gap, double temperature,
                             int64_t lane_columns) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
+  const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false);
+  TORCH_CHECK(error.empty(), error);
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
-  const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
   const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, S.options());
   TORCH_CHECK(table.dim() == 3 && table.size(0) == B && table.size(1) == M &&
                   table.size(2) == sw_cuda_table_columns(N, plan.R) && table.scalar_type() == S.scalar_type() &&
@@ -217,20 +269,23 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   if (M == 0 || N == 0) return grad_S;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (S.scalar_type() == at::kFloat)
-    check_cuda(sw_cuda_backward_f32(pr, grad.data_ptr<float>(), S.data_ptr<float>(), table.data_ptr<float>(),
-                                    best_at.data_ptr<int64_t>(), grad_S.data_ptr<float>(),
-                                    ptr_or_null<float>(boundary), gap, temperature, R, stream),
-               "backward");
+    SWCLI_CHECK_CUDA(sw_cuda_backward_f32(pr, grad.data_ptr<float>(), S.data_ptr<float>(),
+                                          table.data_ptr<float>(), best_at.data_ptr<int64_t>(),
+                                          grad_S.data_ptr<float>(), ptr_or_null<float>(boundary), gap, temperature,
+                                          R, stream),
+                     "backward");
   else
-    check_cuda(sw_cuda_backward_f64(pr, grad.data_ptr<double>(), S.data_ptr<double>(), table.data_ptr<double>(),
-                                    best_at.data_ptr<int64_t>(), grad_S.data_ptr<double>(),
-                                    ptr_or_null<double>(boundary), gap, temperature, R, stream),
-               "backward");
+    SWCLI_CHECK_CUDA(sw_cuda_backward_f64(pr, grad.data_ptr<double>(), S.data_ptr<double>(),
+                                          table.data_ptr<double>(), best_at.data_ptr<int64_t>(),
+                                          grad_S.data_ptr<double>(), ptr_or_null<double>(boundary), gap,
+                                          temperature, R, stream),
+                     "backward");
   return grad_S;
 }
 
 // The call of inference on full pairs (no lengths, no DP table), with the fewest arguments and results
-// for pybind11 to convert: small batches are bound by the host's time per call.
+// for pybind11 to convert: small batches are bound by the host's time per call. (A check that fails in
+// forward fails one call below this one: see the top of the file. The Python op checks S first.)
 at::Tensor scores(const at::Tensor& S, double gap, double temperature) {
   return forward(S, c10::nullopt, c10::nullopt, gap, temperature, false, 0, true, c10::nullopt)[0];
 }
@@ -239,7 +294,7 @@ at::Tensor scores(const at::Tensor& S, double gap, double temperature) {
 at::Tensor empty_launch(const at::Tensor& S) {
   TORCH_CHECK(S.is_cuda() && S.dim() == 3, "needs a 3-D CUDA tensor");
   at::Tensor out = at::empty({S.size(0)}, S.options());
-  check_cuda(sw_cuda_empty(c10::cuda::getCurrentCUDAStream()), "empty launch");
+  SWCLI_CHECK_CUDA(sw_cuda_empty(c10::cuda::getCurrentCUDAStream()), "empty launch");
   return out;
 }
 

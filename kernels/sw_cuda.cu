@@ -14,7 +14,8 @@
 // exactly the same float. max.NaN / min.NaN carry a NaN in S to that pair's score and nowhere else.
 // Float 1-column lanes (few pairs: latency-bound) take the same terms relative to the delete term
 // instead (cell_from_up: 30 instead of 40 instructions a step), and a pair it cannot hold takes cell().
-// Float scores at t > 0 with 4 columns per lane, without the DP table, take the scaled sweep instead
+// Float scores at t > 0 with 4 columns per lane (8 for scores from codes, where kWideLimit allows),
+// without the DP table, take the scaled sweep instead
 // (below: H as 2^(H log2(e) / t), scaled per lane, 3 fused multiply-adds per cell), and a pair it
 // cannot hold goes through the log-space one.
 //
@@ -316,6 +317,13 @@ struct Codes {
   }
   __device__ __forceinline__ void start_block() {}
   __device__ __forceinline__ void start_group() {}
+  // The same codes and matrix, read by lanes of R2 columns (begin_tile sets the rest).
+  template <int R2>
+  __device__ __forceinline__ Codes<R2> columns() const {
+    Codes<R2> c{};
+    c.query = query, c.target = target, c.M = M, c.N = N, c.matrix = matrix, c.K = K;
+    return c;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -613,8 +621,8 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The scaled sweep: float at t > 0 with 4 columns per lane, the forward without the DP table. With
-// E = 2^(H c), c = log2(e) / t, the recurrence is a sum of products:
+// The scaled sweep: float at t > 0 with 4 columns per lane (or 8: below), the forward without the DP
+// table. With E = 2^(H c), c = log2(e) / t, the recurrence is a sum of products:
 //
 //     E[i][j] = 1 + E[i-1][j-1] P[i][j] + (E[i-1][j] + E[i][j-1]) G,   P = 2^(S c), G = 2^(gap c)
 //
@@ -637,6 +645,12 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
 // anywhere is scored again by the log-space sweep (forward_tiles), whose result it then is. A NaN in
 // the scores fails the check, so it reaches the score through that sweep as everywhere else.
 //
+// Scores from codes take 8 columns per lane where kWideLimit allows: a step's overhead (the shuffles,
+// the renormalisation, the checks, the loop) is then shared by 8 cells, and the lane renormalises every
+// other step only (RENORM = 2: a step in between keeps the scale, and its largest and smallest cells
+// wait for the next renormalisation's checks and best cell). 120 SASS instructions a step for 8 cells
+// against 99 for 4; 10,000 real pairs at t = 1 on the H200, in one process: 851 against 674 GCUPS.
+//
 // A factor must not flush to 0 where its product would matter. The diagonal term of a lane's first
 // column takes E[i-1][col-1] from the left neighbour, whose scale may be far from this lane's: below
 // 2^-126 here, it may still be the cell's largest term times P. So it is kept with extra range (times
@@ -646,11 +660,30 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
 struct Scaled {
   double c;      // log2(e) / t, for the P table
   float G;       // 2^(gap c), at most 1 where allowed
+  float gap_bits;  // -gap c = log2(1 / G)
   bool allowed;  // the caller's switch and gap <= 0 (false: every pair in log space)
 };
 // top = 100 - log2(largest P), which left less room above, sent 68 of 1103 protein pairs (gap -11, t = 1)
 // to log space: their left neighbours passed the float range. With 50, none.
 constexpr int kScaledTop = 50;
+// With 8 columns per lane (see kWideLimit) top is 60 (2^67 of room above, 2^160 below): there the
+// failures are mostly below, as a lane's 8 cells spread further. Measured with 8 columns forced on
+// BLOSUM62 at t = 1, gap -6: top 50 sent 6 of 10,000 real pairs and 598 of 1,000 related ones to log
+// space, top 60 none and 54 (and 80 of 200 self-alignments); top 40 and 30 sent more, and top 70 more
+// where P is large (t = 0.8).
+constexpr int kScaledTopWide = 60;
+// Scores from codes take 8 columns per lane in the scaled sweep, renormalised every other step, where
+// log2(largest P) is at most kWideBias and log2(largest P) + 2 log2(1 / G) at most kWideLimit; else 4
+// columns, renormalised every step. A lane's 8 cells spread further than 4 (the gap's share), and two
+// steps grow further than one (P's), so more pairs fail their checks, and a failed pair costs a second
+// sweep, in log space: for a long relayed pair, the batch's time with it. The limits are measured with 8
+// columns forced (BLOSUM62, t 0.8 to 1.5, gap -2 to -11, top 60; docs/benchmarks/h200.md): within them
+// no pair of 10,000 real ones and 1,000 related ones failed, and at most 7 of 200 self-alignments;
+// past them, from 32.2 up, up to 998 related pairs, and from 34.4 up real ones too: up to 554, which
+// made the batch 1.75x as slow as with 4 columns. (t < 0.8, where P > 2^20, was measured with top 50
+// only: 0 to 4,693 real pairs failed.)
+constexpr int kWideBias = 20;
+constexpr float kWideLimit = 32.0f;
 
 // 2^k for an integer k in [-127, 128]: 0 at -127 (flushed), +inf at 128.
 __device__ __forceinline__ float pow2_int(int k) { return __int_as_float((k + 127) << 23); }
@@ -668,18 +701,19 @@ __device__ __forceinline__ float times_pow2(float x, int k) {
 // under 2^-26 of every cell.
 constexpr float kScaledFloor = 0x1p-100f;
 
-template <bool POWERS, class Source, class Handoff>
+template <bool POWERS, int R, int RENORM, class Source, class Handoff>
 __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float G, float tl, float c,
                                      const Handoff& handoff, int first_tile, int stride, float& best_out) {
-  constexpr int R = 4, kDepth = Source::kDepth, top = kScaledTop;
+  constexpr int kDepth = Source::kDepth, top = R == 8 ? kScaledTopWide : kScaledTop;
   static_assert(kWarp % kDepth == 0, "a block of 32 steps holds whole groups of kDepth steps");
+  static_assert((RENORM == 1 || RENORM == 2) && kDepth % RENORM == 0, "renormalise every step or every other");
   const int lane = threadIdx.x % kWarp;
   constexpr int kTileCols = kWarp * R;
   const float scale = pow2_int(top);                // E = 1 at sigma -top
   const unsigned rescale_base = unsigned(254 + top) << 23;  // minus an exponent's bits: 2^(top - exponent)
-  // The best cell as (sigma, stored value in [2^top, 2^(top+1))): larger sigma first. The zero border.
-  int best_sig = -top;
-  float best_m = scale;
+  // The best cell as one integer key, (sigma << 23) + bits of a stored value: the bits of a positive
+  // float order as the float, and adding sigma to its exponent field keeps that order across scales.
+  long long best_key = 127ll << 23;  // E = 1
   bool ok = true;
   const int tiles = (p.tn + kTileCols - 1) / kTileCols;
   for (int tile = first_tile; tile < tiles; tile += stride) {
@@ -705,6 +739,9 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
     // negligible (see kScaledFloor).
     float last = 1.0f;
     int last_sig = 0;
+    // Renormalisation every other step (d odd): a step in between keeps the scale, and its largest and
+    // smallest cells wait here for the next renormalisation's checks and best cell.
+    float hi_pending = 0.0f, lo_pending = FLT_MAX;
     const float* const bnd_in = tile > 0 ? handoff.source(tile) : nullptr;
     float* const bnd_out = has_next ? handoff.sink(tile) : nullptr;
     // The boundary's H of the block's rows (lane j: row s0 + j), as stored E and sigma: its integer
@@ -763,21 +800,33 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
                 e[r] = x;
                 prev = x;
               }
-              const float hi = max_nan(max_nan(e[0], e[1]), max_nan(e[2], e[3]));
-              const float lo = min_nan(min_nan(e[0], e[1]), min_nan(e[2], e[3]));
-              const unsigned exponent = __float_as_uint(hi) & 0x7f800000u;
-              const float f = __uint_as_float(rescale_base - exponent);  // 2^(top - exponent of hi)
-              sig += int(exponent >> 23) - (127 + top);
-              ok = ok && lo >= kScaledFloor && lo * f >= kScaledFloor && hi <= FLT_MAX;  // false for a NaN
+              float hi = e[0], lo = e[0];
 #pragma unroll
-              for (int r = 0; r < R; ++r) up[r] = e[r] * f;
+              for (int r = 1; r < R; ++r) hi = max_nan(hi, e[r]), lo = min_nan(lo, e[r]);
+              if (RENORM == 2 && d % 2 == 0) {  // keep the scale
+                hi_pending = max_nan(hi_pending, hi);
+                lo_pending = min_nan(lo_pending, lo);
+#pragma unroll
+                for (int r = 0; r < R; ++r) up[r] = e[r];
+              } else {
+                const float top_cell = RENORM == 2 ? max_nan(hi, hi_pending) : hi;
+                const float low_cell = RENORM == 2 ? min_nan(lo, lo_pending) : lo;
+                const long long key = (static_cast<long long>(sig) << 23) + __float_as_uint(top_cell);
+                best_key = key > best_key ? key : best_key;
+                const unsigned exponent = __float_as_uint(hi) & 0x7f800000u;
+                const float f = __uint_as_float(rescale_base - exponent);  // 2^(top - exponent of hi)
+                sig += int(exponent >> 23) - (127 + top);
+                // false for a NaN
+                ok = ok && low_cell >= kScaledFloor && lo * f >= kScaledFloor && top_cell <= FLT_MAX;
+#pragma unroll
+                for (int r = 0; r < R; ++r) up[r] = e[r] * f;
+                one = __int_as_float(max(127 - sig, 0) << 23);
+                hi_pending = 0.0f, lo_pending = FLT_MAX;
+              }
               if (POWERS)
                 above_left = left * pow2_int(min(max(left_sig - sig + bias, -127), 128));
               else
                 above_left = left, above_left_sig = left_sig;
-              one = __int_as_float(max(127 - sig, 0) << 23);
-              const float m = hi * f;
-              if (sig > best_sig || (sig == best_sig && m > best_m)) best_sig = sig, best_m = m;
             }
             const unsigned last_bits = __float_as_uint(up[R - 1]);
             last = __uint_as_float((last_bits & 0x007fffffu) | 0x3f800000u);
@@ -795,12 +844,19 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
       sweep(std::true_type{});
     else
       sweep(std::false_type{});
+    if (RENORM == 2) {  // a lane whose last row kept the scale: its cells' checks and best cell
+      ok = ok && lo_pending >= kScaledFloor && hi_pending <= FLT_MAX;
+      const long long key = (static_cast<long long>(sig) << 23) + __float_as_uint(hi_pending);
+      best_key = hi_pending > 0.0f && key > best_key ? key : best_key;  // 0: nothing pending
+    }
     __syncwarp();  // lane 31's boundary writes are visible to lane 0 in the next tile
   }
   // H of the best cell, from its exponent (an integer) and the lg2 of a mantissa in [1, 2): sigma +
   // lg2(stored) cancelled where H is small (sigma near -top, lg2 near top), which left errors of up to
   // 1e-5 relative at t = 10 (tools/fuzz_scaled.py cuda).
-  float best = tl * (float(best_sig + top) + log2_(best_m * pow2_int(-top)));
+  const int best_exponent = int(best_key >> 23) - 127;
+  const float best_mantissa = __uint_as_float((unsigned(best_key) & 0x007fffffu) | 0x3f800000u);
+  float best = tl * (float(best_exponent) + log2_(best_mantissa));
 #pragma unroll
   for (int off = kWarp / 2; off > 0; off /= 2) best = fmaxf(best, __shfl_xor_sync(kFull, best, off));
   best_out = best;
@@ -828,22 +884,23 @@ __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, con
 
 // The scaled sweep of scores from codes: the source reads the tables of powers (P, then P 2^-bias: see
 // stage_matrix) during the sweep, and the matrix again after it, for a log-space sweep of the pair.
-template <class Source, class Handoff>
+template <int R, class Source, class Handoff>
 __device__ bool codes_tiles_scaled(const Pair& p, Source& src, const float* powers, int bias, const Scaled& sc,
                                    const Consts<float>& k, const Handoff& handoff, int first_tile, int stride,
                                    float& best) {
   const float* const matrix = src.matrix;
   src.matrix = powers;
-  const bool ok = forward_tiles_scaled<true>(p, src, bias, sc.G, k.tl, k.c, handoff, first_tile, stride, best);
+  const bool ok = forward_tiles_scaled<true, R, R == 8 ? 2 : 1>(p, src, bias, sc.G, k.tl, k.c, handoff, first_tile,
+                                                                stride, best);
   src.matrix = matrix;
   return ok;
 }
 
-// One warp, all the tiles of one pair, float at t > 0 with 4 columns per lane: the scaled sweep (if
+// One warp, all the tiles of one pair, float at t > 0 with R = 4 or 8 columns per lane: the scaled sweep (if
 // bias >= 0), and the log-space sweep where it is not taken or where the pair fails its check (counted in
 // *log_pairs). POWERS: the source is Codes, whose matrix pointer the scaled sweep points at `powers`
 // (P, then P 2^-bias: see stage_matrix).
-template <bool POWERS, class Source>
+template <bool POWERS, int R, class Source>
 __device__ void scaled_pair(const Pair& p, Source& src, const float* powers, int bias, const Scaled& sc,
                             const Consts<float>& k, const Outputs<float>& out, int64_t M, int64_t N,
                             int* log_pairs) {
@@ -852,14 +909,19 @@ __device__ void scaled_pair(const Pair& p, Source& src, const float* powers, int
   bool done = false;
   if (bias >= 0) {
     if constexpr (POWERS)
-      done = codes_tiles_scaled(p, src, powers, bias, sc, k, handoff, 0, 1, best);
+      done = codes_tiles_scaled<R>(p, src, powers, bias, sc, k, handoff, 0, 1, best);
     else
-      done = forward_tiles_scaled<false>(p, src, 0, sc.G, k.tl, k.c, handoff, 0, 1, best);
+      done = forward_tiles_scaled<false, R, 1>(p, src, 0, sc.G, k.tl, k.c, handoff, 0, 1, best);
     done = __all_sync(kFull, done);
   }
   if (!done) {
     int64_t unused;
-    forward_tiles<float, 4, true, false>(p, src, k, out, M, N, handoff, 0, 1, best, unused);
+    if constexpr (R == 4) {
+      forward_tiles<float, 4, true, false>(p, src, k, out, M, N, handoff, 0, 1, best, unused);
+    } else {  // 4 columns per lane in log space
+      Codes<4> narrow = src.template columns<4>();
+      forward_tiles<float, 4, true, false>(p, narrow, k, out, M, N, handoff, 0, 1, best, unused);
+    }
     if (log_pairs && threadIdx.x % kWarp == 0) atomicAdd(log_pairs, 1);
   }
   if (threadIdx.x % kWarp == 0) out.scores[p.b] = best;
@@ -874,13 +936,13 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const int64_t b = order ? order[slot] : slot;
   const Pair p{b, int(qlen ? qlen[b] : M), int(tlen ? tlen[b] : N)};
   if constexpr (std::is_same<A, float>::value && R == 4 && SOFT && !STORE)
-    scaled_pair<false>(p, src, nullptr, sc.allowed ? 0 : -1, sc, k, out, M, N, log_pairs);
+    scaled_pair<false, R>(p, src, nullptr, sc.allowed ? 0 : -1, sc, k, out, M, N, log_pairs);
   else
     forward_pair<A, R, SOFT, STORE>(p, src, k, out, M, N);
 }
 
 // The codes kernels first stage the matrix in shared memory (all warps of the block share it), and for
-// the scaled sweep (soft, 4 columns per lane) two tables behind it: P = 2^(m c) of each entry m, and P
+// the scaled sweep (soft, 4 or 8 columns per lane) two tables behind it: P = 2^(m c) of each entry m, and P
 // 2^-bias, where 2^bias is the power of 2 above the largest P. The second is for the lanes' first column,
 // whose diagonal factor is kept times 2^bias (forward_tiles_scaled). A block scales only if every P is
 // at most 2^60 and every P 2^-bias a normal float (the same test in every block: it depends on the
@@ -918,14 +980,28 @@ __device__ int stage_matrix(float* shared, const float* matrix, int K, const Sca
   return __syncthreads_and(in_range) ? bias : -1;
 }
 
+// Whether a block of the codes kernels with 8 columns per lane scales with them (see kWideLimit); else
+// it takes 4 columns per lane at t > 0. The same in every block: it depends on the matrix, t and gap.
+__device__ __forceinline__ bool wide_scaled(int bias, const Scaled& sc) {
+  return bias >= 0 && bias <= kWideBias && float(bias) + 2.0f * sc.gap_bits <= kWideLimit;
+}
+
 // The codes of one pair, one warp.
 template <int R, bool SOFT>
 __device__ void codes_pair(const Pair& p, Codes<R>& src, const float* shared_p, const Consts<float>& k,
                            const Outputs<float>& out, const Scaled& sc, int bias, int* log_pairs) {
-  if constexpr (R == 4 && SOFT)
-    scaled_pair<true>(p, src, shared_p, bias, sc, k, out, src.M, src.N, log_pairs);
-  else
+  if constexpr (R == 8 && SOFT) {
+    if (wide_scaled(bias, sc)) {
+      scaled_pair<true, 8>(p, src, shared_p, bias, sc, k, out, src.M, src.N, log_pairs);
+    } else {
+      Codes<4> narrow = src.template columns<4>();
+      scaled_pair<true, 4>(p, narrow, shared_p, bias, sc, k, out, src.M, src.N, log_pairs);
+    }
+  } else if constexpr (R == 4 && SOFT) {
+    scaled_pair<true, 4>(p, src, shared_p, bias, sc, k, out, src.M, src.N, log_pairs);
+  } else {
     forward_pair<float, R, SOFT, false>(p, src, k, out, src.M, src.N);
+  }
 }
 
 // The bounds of the codes kernels name a minimum of blocks per SM: without one, ptxas held them to 64
@@ -937,7 +1013,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, 4)
                          const int64_t* qlen, const int64_t* tlen, const int64_t* order, int64_t B, Scaled sc,
                          int* log_pairs) {
   extern __shared__ float shared_matrix[];
-  const int bias = stage_matrix<R == 4 && SOFT>(shared_matrix, matrix, src.K, sc);
+  const int bias = stage_matrix<R >= 4 && SOFT>(shared_matrix, matrix, src.K, sc);
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;
   const int64_t b = order ? order[slot] : slot;
@@ -946,14 +1022,14 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, 4)
   codes_pair<R, SOFT>(p, src, shared_matrix + src.K * src.K, k, out, sc, bias, log_pairs);
 }
 
-// Codes, 4 columns per lane, in blocks of kRelayWarps warps. The first `coop` blocks each take one of
+// Codes, 4 or 8 columns per lane, in blocks of kRelayWarps warps. The first `coop` blocks each take one of
 // the longest pairs (they come first in `order`) and share its tiles through a Relay, so that a long
 // pair no longer sets the time of the whole batch; the other blocks give one warp to each pair.
 constexpr int kRelayWarps = 16;
 
-template <bool SOFT>
+template <int R, bool SOFT>
 __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_kernel
-    forward_codes_relay_kernel(Codes<4> src, const float* matrix, Consts<float> k, Outputs<float> out,
+    forward_codes_relay_kernel(Codes<R> src, const float* matrix, Consts<float> k, Outputs<float> out,
                                float* relay, const int64_t* qlen, const int64_t* tlen, const int64_t* order,
                                int64_t B, const int64_t* coop_count, Scaled sc, int* log_pairs) {
   extern __shared__ float shared_matrix[];
@@ -973,8 +1049,11 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_k
     const Relay<float, kRelayWarps> handoff{relay + int64_t(blockIdx.x) * (kRelayWarps + 1) * src.M, src.M, p.qn,
                                             done};
     bool scored = false;
+    Codes<4> narrow = src.template columns<4>();  // t > 0: log space, and scaled where not wide
     if (SOFT && bias >= 0) {
-      const bool ok = codes_tiles_scaled(p, src, shared_p, bias, sc, k, handoff, warp, kRelayWarps, best);
+      const bool ok = R == 8 && wide_scaled(bias, sc)
+                          ? codes_tiles_scaled<R>(p, src, shared_p, bias, sc, k, handoff, warp, kRelayWarps, best)
+                          : codes_tiles_scaled<4>(p, narrow, shared_p, bias, sc, k, handoff, warp, kRelayWarps, best);
       scored = __syncthreads_and(ok);  // every warp is past the pair: the relay counts can start again
       if (!scored) {
         if (threadIdx.x < kRelayWarps) done[threadIdx.x] = 0;
@@ -982,8 +1061,14 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_k
       }
     }
     if (!scored) {
-      forward_tiles<float, 4, SOFT, false>(p, src, k, out, src.M, src.N, handoff, warp, kRelayWarps, best, unused);
-      if (SOFT && log_pairs && threadIdx.x == 0) atomicAdd(log_pairs, 1);
+      if (SOFT) {
+        forward_tiles<float, 4, true, false>(p, narrow, k, out, src.M, src.N, handoff, warp, kRelayWarps, best,
+                                             unused);
+        if (log_pairs && threadIdx.x == 0) atomicAdd(log_pairs, 1);
+      } else {
+        forward_tiles<float, R, false, false>(p, src, k, out, src.M, src.N, handoff, warp, kRelayWarps, best,
+                                              unused);
+      }
     }
     if (threadIdx.x % kWarp == 0) warp_best[warp] = best;
     __syncthreads();
@@ -997,7 +1082,7 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_k
   if (slot >= B) return;
   const int64_t b = order[slot];
   const Pair p{b, int(qlen[b]), int(tlen[b])};
-  codes_pair<4, SOFT>(p, src, shared_p, k, out, sc, bias, log_pairs);
+  codes_pair<R, SOFT>(p, src, shared_p, k, out, sc, bias, log_pairs);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1242,6 +1327,7 @@ Scaled scaled_settings(double gap, double t, bool allowed) {
   Scaled sc{};
   sc.c = t > 0 ? 1.4426950408889634 / t : 0.0;
   sc.G = float(exp2(gap * sc.c));
+  sc.gap_bits = float(-gap * sc.c);
   sc.allowed = allowed && t > 0 && gap <= 0;
   return sc;
 }
@@ -1318,8 +1404,8 @@ cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const
   const Consts<float> k = consts<float>(gap, t);
   const Outputs<float> out{scores, nullptr, nullptr, boundary};
   size_t smem = sizeof(float) * K * K;
-  // The scaled sweep (t > 0, 4 columns per lane) needs two tables of powers beside the matrix.
-  const Scaled sc = scaled_settings(gap, t, allow_scaled && lane_columns == 4 &&
+  // The scaled sweep (t > 0, 4 or 8 columns per lane) needs two tables of powers beside the matrix.
+  const Scaled sc = scaled_settings(gap, t, allow_scaled && lane_columns >= 4 &&
                                                 int64_t(3 * smem) + 1024 <= shared_limit);
   if (sc.allowed) smem *= 3;
   const int blocks = blocks_for(pr.B), threads = kWarp * kWarpsPerBlock;
@@ -1336,12 +1422,11 @@ cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const
   if (lane_columns == 1)
     return t > 0 ? go(forward_codes_kernel<1, true>, Codes<1>{}) : go(forward_codes_kernel<1, false>, Codes<1>{});
   if (relaying) {
-    auto relay = [&](auto kernel) {
+    auto relay = [&](auto kernel, auto src) {
       if (smem > 48 * 1024 - 64) {
         cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         if (err != cudaSuccess) return err;
       }
-      Codes<4> src{};
       src.query = query, src.target = target, src.M = pr.M, src.N = pr.N, src.K = K;
       // at most max_coop blocks relay; the rest hold kRelayWarps pairs each
       const int64_t grid = relaying->max_coop + (pr.B + kRelayWarps - 1) / kRelayWarps;
@@ -1350,8 +1435,14 @@ cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const
           log_pairs);
       return cudaGetLastError();
     };
-    return t > 0 ? relay(forward_codes_relay_kernel<true>) : relay(forward_codes_relay_kernel<false>);
+    if (lane_columns == 8)
+      return t > 0 ? relay(forward_codes_relay_kernel<8, true>, Codes<8>{})
+                   : relay(forward_codes_relay_kernel<8, false>, Codes<8>{});
+    return t > 0 ? relay(forward_codes_relay_kernel<4, true>, Codes<4>{})
+                 : relay(forward_codes_relay_kernel<4, false>, Codes<4>{});
   }
+  if (lane_columns == 8)
+    return t > 0 ? go(forward_codes_kernel<8, true>, Codes<8>{}) : go(forward_codes_kernel<8, false>, Codes<8>{});
   return t > 0 ? go(forward_codes_kernel<4, true>, Codes<4>{}) : go(forward_codes_kernel<4, false>, Codes<4>{});
 }
 

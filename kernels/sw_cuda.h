@@ -40,8 +40,10 @@ struct Relaying {
 };
 int sw_cuda_relay_warps();
 
-// Scores (B,) of uint8 code pairs (B, M), (B, N) looked up in a K x K float32 matrix. relaying may be
-// null (then one warp per pair); it needs lengths and an order. With allow_scaled, t > 0 and 4 columns
+// Scores (B,) of uint8 code pairs (B, M), (B, N) looked up in a K x K float32 matrix. lane_columns is
+// 1, 4 or 8; with 8 and t > 0 the kernel takes 4 where the scaled sweep cannot hold 8 (see kWideLimit
+// in the .cu), so boundary and relay buffers are sized for 4. relaying may be
+// null (then one warp per pair); it needs lengths and an order. With allow_scaled, t > 0 and 4 or 8 columns
 // per lane, pairs are scored in scaled exponential space where the matrix allows it (see the .cu);
 // log_pairs, if not null, counts on the device the pairs of such a call scored in log space instead.
 // shared_limit: the device's shared memory per block (opt-in), in bytes.

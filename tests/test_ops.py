@@ -6,8 +6,11 @@ BACKENDS_FOR(device) ('cpu' here, 'cuda' on a GPU, where those cases carry the `
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -994,7 +997,7 @@ class TestCudaBackend:
         S = table.float()[query.long()[:, :, None], target.long()[:, None, :]]  # 4.9 GB
         assert ssw(S, -4.0, 0.0, backend="cuda").item() == expected
 
-    # -- same numbers as the CPU engine, on every path of the kernel (1 or 4 columns per lane)
+    # -- same numbers as the CPU engine, on every path of the kernel (1 or 4 columns per lane; 8 for codes)
 
     @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
     @pytest.mark.parametrize("t", [0.0, 1.0])
@@ -1100,6 +1103,42 @@ class TestCudaBackend:
         if t == 0:
             assert codes[:20].tolist() == [biopython_score(q, tt, -4.0) for q, tt in pairs[:20]]
 
+    def test_engine_lane_columns(self):
+        # 1, 4 and 8 columns per lane (8: scores from codes only) give Biopython's scores at t = 0.
+        pairs = random_protein_pairs(seed=9710, count=3, min_length=1, max_length=40)
+        query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
+        for lanes in (1, 4, 8):
+            codes, _ = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, -4.0, 0.0, lane_columns=lanes)
+            assert codes.cpu().tolist() == [biopython_score(q, t, -4.0) for q, t in pairs]
+
+    ENGINE_ERRORS = {
+        "dense lane_columns 8": ("e.forward(S, None, None, -4.0, 1.0, False, 8, True, None)",
+                                 r"lane_columns must be 0 \(automatic\), 1 or 4, got 8"),
+        "codes lane_columns 3": ("e.forward_codes(q, q, None, None, m, -4.0, 1.0, 3, True, None)",
+                                 r"lane_columns must be 0 \(automatic\), 1, 4 or 8, got 3"),
+        "int32 lengths": ("e.forward_codes(q, q, n.int(), None, m, -4.0, 1.0, 0, True, None)",
+                          "lengths must be contiguous int64 tensors"),
+        "lengths on the CPU": ("e.forward(S, n.cpu(), None, -4.0, 1.0, False, 0, True, None)",
+                               "lengths must be contiguous int64 tensors"),
+        "int64 counter": ("e.forward(S, None, None, -4.0, 1.0, False, 0, True, n[:1])",
+                          r"log_pairs must be a \(1,\) int32 tensor"),
+        "S on the CPU": ("e.forward(S.cpu(), None, None, -4.0, 1.0, False, 0, True, None)",
+                         "the CUDA engine needs a 3-D CUDA tensor"),
+    }
+
+    @pytest.mark.parametrize("case", list(ENGINE_ERRORS))
+    def test_engine_bad_arguments_raise(self, case):
+        # Each in a process of its own: on the H200 machine a failed check whose message had several parts
+        # crashed the process (SIGSEGV) instead of raising (kernels/sw_cuda.cpp, top).
+        call, message = self.ENGINE_ERRORS[case]
+        code = ("import re, torch\nfrom swcli._build import cuda_engine\ne = cuda_engine()\n"
+                "S = torch.randn(3, 10, 12, device='cuda'); q = torch.zeros(3, 10, dtype=torch.uint8, device='cuda')\n"
+                "m = torch.randn(24, 24, device='cuda'); n = torch.full((3,), 10, device='cuda')\n"
+                f"try:\n    {call}\nexcept RuntimeError as error:\n"
+                f"    print('raised' if re.search({message!r}, str(error)) else 'other: ' + str(error)[:200])\n")
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0 and run.stdout.strip() == "raised", (run.returncode, run.stdout, run.stderr[-500:])
+
     # -- the scaled sweep (float at t > 0 with 4 columns per lane, dense and from codes, no DP table:
     #    kernels/sw_cuda.cu), and its fallback to the log-space sweep
 
@@ -1118,6 +1157,12 @@ class TestCudaBackend:
         """The same for dense scores (the forward without the DP table)."""
         return self.counted(lambda counter: _build.cuda_engine().forward(
             S, qlen, tlen, gap, t, False, lane_columns, scaled, counter)[0])
+
+    @staticmethod
+    @functools.lru_cache(maxsize=8)
+    def exact_scores_of(pairs, gap, t):
+        """exact_scores for BLOSUM62, kept for the tests that share pairs and settings."""
+        return TestCudaBackend.exact_scores(list(pairs), gap, t)
 
     @staticmethod
     def exact_scores(pairs, gap, t, matrix=BLOSUM62, cells=1 << 25):
@@ -1139,10 +1184,18 @@ class TestCudaBackend:
             start = end
         return scores
 
-    @pytest.mark.parametrize("gap,t", [(-4.0, 1.0), (-1.0, 1.0), (-11.0, 1.0), (-4.0, 2.0), (-1.0, 0.5)])
-    def test_scaled_sweep_matches_float64(self, gap, t):
-        # Real-like pairs: long related ones (12 tiles, shared by a block of warps), self-alignments
-        # (scores of several thousand), random ones, and 1 x N / N x 1; every pair takes the scaled sweep.
+    # (gap, t) and whether 8 columns per lane take them (BLOSUM62: log2 of the largest P, 2^(11 / (t ln 2)),
+    # rounded up, at most kWideBias = 20, and that plus -2 gap / (t ln 2) at most kWideLimit = 32 in
+    # kernels/sw_cuda.cu)
+    SCALED_SETTINGS = [(-4.0, 1.0, True), (-1.0, 1.0, True), (-11.0, 1.0, False), (-4.0, 2.0, True),
+                       (-1.0, 0.5, False)]
+
+    @pytest.mark.parametrize("lane_columns", [4, 8])
+    @pytest.mark.parametrize("gap,t,wide", SCALED_SETTINGS)
+    def test_scaled_sweep_matches_float64(self, gap, t, wide, lane_columns):
+        # Real-like pairs: long related ones (12 tiles of 4 columns per lane, shared by a block of warps),
+        # self-alignments (scores of several thousand), random ones, and 1 x N / N x 1; every pair takes
+        # the scaled sweep. With 8 columns per lane where the setting allows them, else 4.
         rng = random.Random(9900)
         long = related_protein_pairs(seed=9901, count=40, min_length=300, max_length=1500)
         pairs = long + [(q, q) for q, _ in long[:10]]
@@ -1150,20 +1203,27 @@ class TestCudaBackend:
         pairs += [("W", "ACDEFGHIKLMNPQRSTVWY" * 20), ("ACDEFGHIKLMNPQRSTVWY" * 20, "W"), ("A", "A")]
         rng.shuffle(pairs)
         query, target, qlen, tlen, table = code_batch(pairs, device=self.device)
-        out, in_log_space = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, gap, t)
+        out, in_log_space = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, gap, t,
+                                              lane_columns=lane_columns)
         assert in_log_space == 0
-        exact = self.exact_scores(pairs, gap, t)
+        if lane_columns == 8:  # 4 columns per lane, where not wide: the same bits as asking for 4
+            narrow, _ = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, gap, t)
+            assert torch.equal(out, narrow) != wide
+        exact = self.exact_scores_of(tuple(pairs), gap, t)
         error = (out.cpu().double() - exact).abs()
         assert (error <= 1e-4 + 1e-5 * exact.abs()).all(), (error.max().item(), exact[error.argmax()].item())
         # and the log-space sweep on the same pairs
         log, in_log_space = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, gap, t, scaled=False)
         assert in_log_space == len(pairs)
         assert ((log.cpu().double() - exact).abs() <= 1e-4 + 1e-5 * exact.abs()).all()
-        # the public entry; a long pair alone (one warp, not a block) gives the same bits
-        assert torch.equal(soft_smith_waterman_codes(query, target, table, gap, t, qlen.cuda(), tlen.cuda()), out)
+        # the public entry (1103 pairs: 8 columns per lane); a long pair alone (one warp, not a block)
+        # gives the same bits
+        if lane_columns == 8:
+            assert torch.equal(soft_smith_waterman_codes(query, target, table, gap, t, qlen.cuda(), tlen.cuda()), out)
         for b in [b for b, (q, _) in enumerate(pairs) if len(q) >= 600][:4]:
             q, n = int(qlen[b]), int(tlen[b])
-            alone, _ = self.codes_engine(query[b:b + 1, :q], target[b:b + 1, :n], None, None, table, gap, t)
+            alone, _ = self.codes_engine(query[b:b + 1, :q], target[b:b + 1, :n], None, None, table, gap, t,
+                                         lane_columns=lane_columns)
             assert torch.equal(alone, out[b:b + 1])
 
     def test_scaled_sweep_falls_back_to_log_space(self):

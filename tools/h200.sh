@@ -43,6 +43,14 @@ for B, M, N in [(5, 37, 70), (1100, 9, 300)]:
         codes_q = torch.randint(0, 24, (B, M), generator=g, dtype=torch.uint8).cuda()
         codes_t = torch.randint(0, 24, (B, N), generator=g, dtype=torch.uint8).cuda()
         soft_smith_waterman_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), -1.0, temp, q, t)
+# codes: 8 long pairs (300 x 900: 8 tiles) relayed by blocks of warps among 1092 short ones, 8 columns per
+# lane (gap -1) and 4 (gap -30, past kWideLimit); t = 0 and 1
+qlen, tlen = torch.randint(1, 21, (1100,), generator=g), torch.randint(1, 21, (1100,), generator=g)
+qlen[:8], tlen[:8] = 300, 900
+codes_q = torch.randint(0, 24, (1100, 300), generator=g, dtype=torch.uint8).cuda()
+codes_t = torch.randint(0, 24, (1100, 900), generator=g, dtype=torch.uint8).cuda()
+for temp, gap in ((0.0, -1.0), (1.0, -1.0), (1.0, -30.0)):
+    soft_smith_waterman_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), gap, temp, qlen.cuda(), tlen.cuda())
 # full pairs whose last tile is narrower than a tile (300 = 2 x 128 + 44): lanes past it, last rows
 S = torch.randn(1100, 40, 300, generator=g).cuda().requires_grad_()
 swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()
