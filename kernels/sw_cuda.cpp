@@ -11,8 +11,8 @@
 // several parts given to TORCH_CHECK: on the H200 machine of docs/benchmarks/h200.md (torch 2.11, CUDA
 // 13) such a message (c10::str, which formats through std::ostringstream) ended the process with
 // SIGSEGV instead of raising, while every check with a single string raised (tests/test_ops.py,
-// test_engine_bad_arguments_raise, and a load_inline probe). The checks are made in the bound
-// functions themselves; the helpers return what they found.
+// test_engine_bad_arguments_raise, and a load_inline probe). The helpers below return what they found,
+// and the bound functions raise.
 #define SWCLI_CHECK_CUDA(call, what)                                                                    \
   do {                                                                                                \
     const cudaError_t swcli_err = (call);                                                             \
@@ -221,7 +221,7 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, matrix.options(), true);
   at::Tensor scores = at::empty({B}, matrix.options());
   if (M == 0 || N == 0) return scores.zero_();
-  // With 4 columns per lane and lengths, the longest pairs (a prefix of the order) get a block each.
+  // With 4 or 8 columns per lane and lengths, the longest pairs (a prefix of the order) get a block each.
   const int64_t tile = sw_cuda_tile_columns(std::min(plan.R, 4));  // as in plan_for
   const Lengths& l = plan.lengths;
   Relaying relaying{};
@@ -284,8 +284,7 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
 }
 
 // The call of inference on full pairs (no lengths, no DP table), with the fewest arguments and results
-// for pybind11 to convert: small batches are bound by the host's time per call. (A check that fails in
-// forward fails one call below this one: see the top of the file. The Python op checks S first.)
+// for pybind11 to convert: small batches are bound by the host's time per call.
 at::Tensor scores(const at::Tensor& S, double gap, double temperature) {
   return forward(S, c10::nullopt, c10::nullopt, gap, temperature, false, 0, true, c10::nullopt)[0];
 }
