@@ -696,6 +696,18 @@ __device__ __forceinline__ float times_pow2(float x, int k) {
   return x * pow2_int(half) * pow2_int(k - half);
 }
 
+// E = value 2^sigma (value > 0) as one integer that orders as E: (sigma << 23) + the bits of value, as
+// the bits of a positive float order as the float and adding sigma to its exponent field keeps that order
+// across scales. The exponent of E is (key >> 23) - 127.
+__device__ __forceinline__ long long scaled_key(int sigma, float value) {
+  return (static_cast<long long>(sigma) << 23) + __float_as_uint(value);
+}
+
+// The mantissa in [1, 2) of a float's (or a scaled_key's low) bits.
+__device__ __forceinline__ float mantissa_of(unsigned bits) {
+  return __uint_as_float((bits & 0x007fffffu) | 0x3f800000u);
+}
+
 // The smallest value a lane may hold in the scaled sweep: a term that flushed to 0 (below 2^-126, as the
 // zero term 2^-sigma does once sigma > 126, or a left neighbour far below this lane's scale) is then
 // under 2^-26 of every cell.
@@ -711,9 +723,7 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
   constexpr int kTileCols = kWarp * R;
   const float scale = pow2_int(top);                // E = 1 at sigma -top
   const unsigned rescale_base = unsigned(254 + top) << 23;  // minus an exponent's bits: 2^(top - exponent)
-  // The best cell as one integer key, (sigma << 23) + bits of a stored value: the bits of a positive
-  // float order as the float, and adding sigma to its exponent field keeps that order across scales.
-  long long best_key = 127ll << 23;  // E = 1
+  long long best_key = scaled_key(0, 1.0f);  // the best cell (E = 1: the zero border)
   bool ok = true;
   const int tiles = (p.tn + kTileCols - 1) / kTileCols;
   for (int tile = first_tile; tile < tiles; tile += stride) {
@@ -811,7 +821,7 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
               } else {
                 const float top_cell = RENORM == 2 ? max_nan(hi, hi_pending) : hi;
                 const float low_cell = RENORM == 2 ? min_nan(lo, lo_pending) : lo;
-                const long long key = (static_cast<long long>(sig) << 23) + __float_as_uint(top_cell);
+                const long long key = scaled_key(sig, top_cell);
                 best_key = key > best_key ? key : best_key;
                 const unsigned exponent = __float_as_uint(hi) & 0x7f800000u;
                 const float f = __uint_as_float(rescale_base - exponent);  // 2^(top - exponent of hi)
@@ -829,7 +839,7 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
                 above_left = left, above_left_sig = left_sig;
             }
             const unsigned last_bits = __float_as_uint(up[R - 1]);
-            last = __uint_as_float((last_bits & 0x007fffffu) | 0x3f800000u);
+            last = mantissa_of(last_bits);
             last_sig = sig + int(last_bits >> 23) - 127;
             if (on && has_next && lane == kWarp - 1) {
               bnd_out[i] = tl * (float(last_sig) + log2_(last));  // see best, below
@@ -846,7 +856,7 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
       sweep(std::false_type{});
     if (RENORM == 2) {  // a lane whose last row kept the scale: its cells' checks and best cell
       ok = ok && lo_pending >= kScaledFloor && hi_pending <= FLT_MAX;
-      const long long key = (static_cast<long long>(sig) << 23) + __float_as_uint(hi_pending);
+      const long long key = scaled_key(sig, hi_pending);
       best_key = hi_pending > 0.0f && key > best_key ? key : best_key;  // 0: nothing pending
     }
     __syncwarp();  // lane 31's boundary writes are visible to lane 0 in the next tile
@@ -855,8 +865,7 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
   // lg2(stored) cancelled where H is small (sigma near -top, lg2 near top), which left errors of up to
   // 1e-5 relative at t = 10 (tools/fuzz_scaled.py cuda).
   const int best_exponent = int(best_key >> 23) - 127;
-  const float best_mantissa = __uint_as_float((unsigned(best_key) & 0x007fffffu) | 0x3f800000u);
-  float best = tl * (float(best_exponent) + log2_(best_mantissa));
+  float best = tl * (float(best_exponent) + log2_(mantissa_of(unsigned(best_key))));
 #pragma unroll
   for (int off = kWarp / 2; off > 0; off /= 2) best = fmaxf(best, __shfl_xor_sync(kFull, best, off));
   best_out = best;
@@ -1419,31 +1428,30 @@ cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const
                                               log_pairs);
     return cudaGetLastError();
   };
+  auto relay = [&](auto kernel, auto src) {
+    if (smem > 48 * 1024 - 64) {
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      if (err != cudaSuccess) return err;
+    }
+    src.query = query, src.target = target, src.M = pr.M, src.N = pr.N, src.K = K;
+    // at most max_coop blocks relay; the rest hold kRelayWarps pairs each
+    const int64_t grid = relaying->max_coop + (pr.B + kRelayWarps - 1) / kRelayWarps;
+    kernel<<<unsigned(grid), kWarp * kRelayWarps, smem, stream>>>(
+        src, matrix, k, out, relaying->relay, pr.qlen, pr.tlen, pr.order, pr.B, relaying->coop_count, sc,
+        log_pairs);
+    return cudaGetLastError();
+  };
+  // The kernels of R columns per lane (4 or 8), with or without relaying, soft or hard.
+  auto wide = [&](auto columns) {
+    constexpr int R = decltype(columns)::value;
+    if (relaying)
+      return t > 0 ? relay(forward_codes_relay_kernel<R, true>, Codes<R>{})
+                   : relay(forward_codes_relay_kernel<R, false>, Codes<R>{});
+    return t > 0 ? go(forward_codes_kernel<R, true>, Codes<R>{}) : go(forward_codes_kernel<R, false>, Codes<R>{});
+  };
   if (lane_columns == 1)
     return t > 0 ? go(forward_codes_kernel<1, true>, Codes<1>{}) : go(forward_codes_kernel<1, false>, Codes<1>{});
-  if (relaying) {
-    auto relay = [&](auto kernel, auto src) {
-      if (smem > 48 * 1024 - 64) {
-        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        if (err != cudaSuccess) return err;
-      }
-      src.query = query, src.target = target, src.M = pr.M, src.N = pr.N, src.K = K;
-      // at most max_coop blocks relay; the rest hold kRelayWarps pairs each
-      const int64_t grid = relaying->max_coop + (pr.B + kRelayWarps - 1) / kRelayWarps;
-      kernel<<<unsigned(grid), kWarp * kRelayWarps, smem, stream>>>(
-          src, matrix, k, out, relaying->relay, pr.qlen, pr.tlen, pr.order, pr.B, relaying->coop_count, sc,
-          log_pairs);
-      return cudaGetLastError();
-    };
-    if (lane_columns == 8)
-      return t > 0 ? relay(forward_codes_relay_kernel<8, true>, Codes<8>{})
-                   : relay(forward_codes_relay_kernel<8, false>, Codes<8>{});
-    return t > 0 ? relay(forward_codes_relay_kernel<4, true>, Codes<4>{})
-                 : relay(forward_codes_relay_kernel<4, false>, Codes<4>{});
-  }
-  if (lane_columns == 8)
-    return t > 0 ? go(forward_codes_kernel<8, true>, Codes<8>{}) : go(forward_codes_kernel<8, false>, Codes<8>{});
-  return t > 0 ? go(forward_codes_kernel<4, true>, Codes<4>{}) : go(forward_codes_kernel<4, false>, Codes<4>{});
+  return lane_columns == 8 ? wide(std::integral_constant<int, 8>{}) : wide(std::integral_constant<int, 4>{});
 }
 
 template <typename A>
