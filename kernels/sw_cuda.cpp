@@ -147,8 +147,9 @@ T* ptr_or_null(const at::Tensor& t) {
 }  // namespace
 
 // (scores (B,), H (B, M, N) or None, best_at (B,) or None). S: float32 or float64 on a CUDA device.
-// scaled: allow the scaled sweep (float, t > 0, 4 columns per lane, no DP table); log_pairs: a (1,) int32
-// CUDA tensor to which the kernel adds the number of such pairs it scored in log space instead.
+// scaled: allow the scaled sweeps (float, t > 0, no DP table; with 1-column lanes, pairs of one column
+// tile); log_pairs: a (1,) int32 CUDA tensor to which the kernel adds the number of pairs it scored in log
+// space instead.
 std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::Tensor>& qlen,
                                         const c10::optional<at::Tensor>& tlen, double gap, double temperature,
                                         bool keep_dp_table, int64_t lane_columns, bool scaled,

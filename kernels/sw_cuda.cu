@@ -877,6 +877,80 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
   return ok;
 }
 
+// The scaled sweep of a float pair of one column tile in 1-column lanes (the latency-bound small batches,
+// dense scores: the seed), whose time is the length of the step's dependent chain. One scale 2^sigma for
+// the whole warp instead of one per lane, and no boundary: the chain is the left neighbour's shuffle,
+// lane 0's select of the border and one fused multiply-add (cell_from_up's: 2 ex2, 1 lg2 and the adds
+// between them); P = 2^(S c) of a step is computed a step ahead.
+//
+// A stored value past 2^kOneScaleTop in any lane turns every lane's values (and the zero term 2^-sigma)
+// down by 2^kOneScaleStep at the next step, decided by a vote taken with that step's shuffle: values grow
+// by at most P + 2G a step, which leaves 2^27 of room for P. Every stored value is at least the zero
+// term, which stays a normal float while sigma <= 126, so no term that matters is lost. Past that (a
+// best E past about 2^196: H above about 136 t), at an overflow or at a NaN, the sweep gives up, in every
+// lane as soon as it knows, and the caller scores the pair in log space. One scale cannot serve a wider
+// pair: its lanes' values spread further apart (by up to 2^300 within a warp at 256 x 256, t = 1).
+constexpr float kOneScaleTop = 0x1p100f;
+constexpr int kOneScaleStep = 32;
+
+__device__ bool forward_one_scale(const Pair& p, DenseBlocks<float>& src, float G, float tl, float c,
+                                  float& best_out) {
+  const int lane = threadIdx.x % kWarp;
+  const TileLanes<1> at = start_tile<1>(p, src, 0, 1, lane);
+  const bool active = at.active;
+  const float down = pow2_int(-kOneScaleStep);
+  int sig = 0;
+  float one = 1.0f;        // 2^-sigma: the zero term, and E = 1 of the borders
+  float lane_best = 1.0f;  // the best cell of this lane's column (E = 1: the zero border)
+  float up = 1.0f, diag = 1.0f, last = 1.0f;  // E[i-1][lane], E[i-1][lane-1], E[i][lane] (to lane + 1)
+  bool big = false;        // this lane's value of the previous step is past kOneScaleTop, or NaN
+  // Before a step uses its values, where a lane's previous value was big: the rescaling, applied to
+  // everything this lane holds in the scale. False where the sweep gives up.
+  auto settle = [&](int i, float& left, float& rest) {
+    const bool was_on = active && unsigned(i - 1) < unsigned(p.qn);
+    if (__any_sync(kFull, was_on && !(last <= FLT_MAX)) || sig + kOneScaleStep > 126) return false;
+    up *= down, diag *= down, left *= down, rest *= down, lane_best *= down, one *= down;
+    sig += kOneScaleStep;
+    return true;
+  };
+  const int steps = p.qn + at.lanes - 1;
+  for (int s0 = 0; s0 < steps; s0 += kWarp) {
+    src.start_block();
+    float v[1];
+    src.take(0, v);
+    float power_next = exp2_(v[0] * c);
+#pragma unroll
+    for (int d = 0; d < kWarp; ++d) {
+      if (d % 8 == 0 && s0 + d >= steps) break;  // the last block's tail, up to 7 idle steps
+      const int i = s0 + d - lane;
+      const float power = power_next;
+      float left = __shfl_up_sync(kFull, last, 1);
+      if (d + 1 < kWarp) {  // the next step's P, while the shuffle is in flight
+        src.take(d + 1, v);
+        power_next = exp2_(v[0] * c);
+      }
+      float rest = fmaf(diag, power, fmaf(up, G, one));
+      if (lane == 0) left = one;
+      if (__any_sync(kFull, big) && !settle(i, left, rest)) return false;  // the previous step's vote
+      const float x = fmaf(left, G, rest);
+      const bool on = active && unsigned(i) < unsigned(p.qn);
+      last = x;
+      up = on ? x : up;
+      diag = on ? left : diag;
+      lane_best = on ? max_nan(lane_best, x) : lane_best;
+      big = on && !(x <= kOneScaleTop);  // also a NaN
+    }
+  }
+  float unused = 0.0f, unused_rest = 0.0f;
+  if (__any_sync(kFull, big) && !settle(steps, unused, unused_rest)) return false;  // the last step's values
+  float best = lane_best;
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2) best = max_nan(best, __shfl_xor_sync(kFull, best, off));
+  const unsigned bits = __float_as_uint(best);
+  best_out = tl * (float(sig + int(bits >> 23) - 127) + log2_(mantissa_of(bits)));
+  return best <= FLT_MAX;  // false for a NaN
+}
+
 // One warp, all the tiles of one pair.
 template <typename A, int R, bool SOFT, bool STORE, class Source>
 __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, const Outputs<A>& out,
@@ -941,6 +1015,22 @@ __device__ void scaled_pair(const Pair& p, Source& src, const float* powers, int
   if (threadIdx.x % kWarp == 0) out.scores[p.b] = best;
 }
 
+// One warp, all the tiles of one pair, float at t > 0 with 1-column lanes and no DP table: the sweep with
+// one scale per warp where allowed and the pair has one column tile, else or where it gives up the
+// log-space one (each counted in *log_pairs).
+__device__ void one_scale_pair(const Pair& p, DenseBlocks<float>& src, const Scaled& sc, const Consts<float>& k,
+                               const Outputs<float>& out, int64_t M, int64_t N, int* log_pairs) {
+  float best;
+  if (sc.allowed && p.tn <= kWarp) {
+    if (forward_one_scale(p, src, sc.G, k.tl, k.c, best)) {
+      if (threadIdx.x % kWarp == 0) out.scores[p.b] = best;
+      return;
+    }
+  }
+  if (log_pairs && threadIdx.x % kWarp == 0) atomicAdd(log_pairs, 1);
+  forward_pair<float, 1, true, false>(p, src, k, out, M, N);
+}
+
 template <typename A, int R, bool SOFT, bool STORE, class Source>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     forward_kernel(Source src, Consts<A> k, Outputs<A> out, const int64_t* qlen, const int64_t* tlen,
@@ -951,6 +1041,8 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const Pair p{b, int(qlen ? qlen[b] : M), int(tlen ? tlen[b] : N)};
   if constexpr (std::is_same<A, float>::value && R == 4 && SOFT && !STORE)
     scaled_pair<false, R>(p, src, nullptr, sc.allowed ? 0 : -1, sc, k, out, M, N, log_pairs);
+  else if constexpr (std::is_same<A, float>::value && R == 1 && SOFT && !STORE)
+    one_scale_pair(p, src, sc, k, out, M, N, log_pairs);
   else
     forward_pair<A, R, SOFT, STORE>(p, src, k, out, M, N);
 }
@@ -1336,7 +1428,7 @@ Consts<A> consts(double gap, double temperature) {
 }
 
 // The settings of the scaled sweep for a call at gap and t; allowed only where the caller allows it and
-// the kernel can take it (float, t > 0, 4 columns per lane, no DP table kept, gap <= 0).
+// the kernel can take it (float, t > 0, 1 or 4 columns per lane, no DP table kept, gap <= 0).
 Scaled scaled_settings(double gap, double t, bool allowed) {
   Scaled sc{};
   sc.c = t > 0 ? 1.4426950408889634 / t : 0.0;
@@ -1351,7 +1443,7 @@ cudaError_t launch_dense(const Problem& pr, const A* S, A* scores, A* table, int
                          A* boundary, double gap, double t, bool allow_scaled, int* log_pairs, cudaStream_t stream) {
   const Consts<A> k = consts<A>(gap, t);
   const Outputs<A> out{scores, table, best_at, boundary};
-  const Scaled sc = scaled_settings(gap, t, allow_scaled && sizeof(A) == 4 && R == 4 && !STORE);
+  const Scaled sc = scaled_settings(gap, t, allow_scaled && sizeof(A) == 4 && (R == 4 || R == 1) && !STORE);
   auto launch = [&](auto soft, auto src) {
     src.S = S, src.M = pr.M, src.N = pr.N;
     forward_kernel<A, R, decltype(soft)::value, STORE><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
@@ -1390,7 +1482,8 @@ static cudaError_t forward_any(const Problem& pr, const A* S, A* scores, A* tabl
   if (pr.B == 0) return cudaSuccess;
   if (lane_columns == 1)
     return table ? launch_dense<A, 1, true>(pr, S, scores, table, best_at, boundary, gap, t, false, nullptr, stream)
-                 : launch_dense<A, 1, false>(pr, S, scores, table, best_at, boundary, gap, t, false, nullptr, stream);
+                 : launch_dense<A, 1, false>(pr, S, scores, table, best_at, boundary, gap, t, scaled, log_pairs,
+                                             stream);
   return table ? launch_dense<A, 4, true>(pr, S, scores, table, best_at, boundary, gap, t, false, nullptr, stream)
                : launch_dense<A, 4, false>(pr, S, scores, table, best_at, boundary, gap, t, scaled, log_pairs, stream);
 }

@@ -3,7 +3,7 @@ every gap), and the CUDA codes path against its own log-space sweep on protein p
 table of powers (2^(m c) <= 2^60: t down to 0.27 with BLOSUM62).
 
     python3 tools/fuzz_scaled.py cpu [configurations [seed]]    # CPU engine, dense scores
-    python3 tools/fuzz_scaled.py cuda [configurations [seed]]   # CUDA engine, 4 columns per lane, dense and codes
+    python3 tools/fuzz_scaled.py cuda [configurations [seed]]   # CUDA engine, 4 and 1 columns per lane, dense and codes
 
 Prints each configuration whose scaled result is further than 2e-6 (relative) from float64, with the
 error of the float32 log-space sweep on the same input (float32's own drift), then a line.
@@ -35,21 +35,26 @@ def dense(engine: str, configurations: int, seed: int = 1) -> None:
         S = torch.randn(B, M, N, generator=torch.Generator().manual_seed(trial)) * scale
         q = torch.randint(0, M + 1, (B,), generator=torch.Generator().manual_seed(trial + 1))
         tl = torch.randint(0, N + 1, (B,), generator=torch.Generator().manual_seed(trial + 2))
-        if cuda:
-            scaled, log = (cuda.forward(S.cuda(), q.cuda(), tl.cuda(), gap, t, False, 4, sweep, None)[0].cpu()
-                           for sweep in (True, False))  # the scaled sweep, then the log-space one
+        if cuda:  # the scaled sweeps of 4-column lanes and of 1-column lanes (one scale per warp)
+            def on_cuda(columns, sweep):
+                return cuda.forward(S.cuda(), q.cuda(), tl.cuda(), gap, t, False, columns, sweep, None)[0].cpu()
+            scaled = {"4 columns": on_cuda(4, True), "1 column": on_cuda(1, True)}
+            log = on_cuda(4, False)
         else:
-            scaled, log = (cpu.forward(S, q, tl, gap, t, False, sweep, None)[0] for sweep in (True, False))
+            scaled = {"": cpu.forward(S, q, tl, gap, t, False, True, None)[0]}
+            log = cpu.forward(S, q, tl, gap, t, False, False, None)[0]
         exact = cpu.forward(S.double(), q, tl, gap, t, False, False, None)[0]
-        error, log_error = (((x.double() - exact).abs() / exact.abs().clamp_min(1)).max().item() for x in (scaled, log))
-        worst = max(worst, error)
-        if error > 2e-6:
-            bad += 1
-            beyond += error > 2 * log_error
-            print(f"trial {trial}: B={B} M={M} N={N} t={t} gap={gap} scale={scale}: {error:.2e} "
-                  f"(the log-space sweep: {log_error:.2e})", flush=True)
-    print(f"{engine} dense: {configurations} configurations, worst relative error {worst:.2e}, {bad} past 2e-6, "
-          f"{beyond} of them past 2x the log-space sweep's error")
+        log_error = ((log.double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
+        for name, out in scaled.items():
+            error = ((out.double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
+            worst = max(worst, error)
+            if error > 2e-6:
+                bad += 1
+                beyond += error > 2 * log_error
+                print(f"trial {trial}: B={B} M={M} N={N} t={t} gap={gap} scale={scale} {name}: {error:.2e} "
+                      f"(the log-space sweep: {log_error:.2e})", flush=True)
+    print(f"{engine} dense: {configurations} configurations, worst relative error {worst:.2e}, {bad} sweeps past "
+          f"2e-6, {beyond} of them past 2x the log-space sweep's error")
 
 
 def codes_near_the_cap() -> None:

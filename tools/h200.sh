@@ -9,7 +9,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SWCLI_CACHE_DIR=/tmp/swcli-cache
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SWCLI_CACHE_DIR=${SWCLI_CACHE_DIR:-/tmp/swcli-cache}
 FASTA=.bench/proteins.fasta
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
@@ -34,7 +34,7 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
 import torch, swcli
 from swcli.ops import soft_smith_waterman_codes
 g = torch.Generator().manual_seed(1)
-for B, M, N in [(5, 37, 70), (1100, 9, 300)]:
+for B, M, N in [(5, 37, 70), (1100, 9, 300), (16, 40, 32)]:  # the last: one column tile, one scale per warp
     S = torch.randn(B, M, N, generator=g).cuda().requires_grad_()
     q = torch.randint(0, M + 1, (B,), generator=g).cuda(); t = torch.randint(0, N + 1, (B,), generator=g).cuda()
     for temp in (0.0, 1.0):
