@@ -5,8 +5,12 @@ table of powers (2^(m c) <= 2^60: t down to 0.27 with BLOSUM62).
     python3 tools/fuzz_scaled.py cpu [configurations [seed]]    # CPU engine, dense scores
     python3 tools/fuzz_scaled.py cuda [configurations [seed]]   # CUDA engine, 4 and 1 columns per lane, dense and codes
 
+The error of the 1-column log-space sweep is printed beside the others: it is the sweep of 1-column
+lanes wherever the scaled one does not apply.
+
 Prints each configuration whose scaled result is further than 2e-6 (relative) from float64, with the
-error of the float32 log-space sweep on the same input (float32's own drift), then a line.
+error of the float32 log-space sweep of 4-column lanes on the same input (float32's own drift), then a
+line.
 """
 
 import random
@@ -35,10 +39,12 @@ def dense(engine: str, configurations: int, seed: int = 1) -> None:
         S = torch.randn(B, M, N, generator=torch.Generator().manual_seed(trial)) * scale
         q = torch.randint(0, M + 1, (B,), generator=torch.Generator().manual_seed(trial + 1))
         tl = torch.randint(0, N + 1, (B,), generator=torch.Generator().manual_seed(trial + 2))
-        if cuda:  # the scaled sweeps of 4-column lanes and of 1-column lanes (one scale per warp)
+        if cuda:  # the scaled sweeps of 4-column lanes and of 1-column lanes (one scale per warp, pairs of
+            # one column tile; wider pairs take the 1-column log-space cell, checked on its own as well)
             def on_cuda(columns, sweep):
                 return cuda.forward(S.cuda(), q.cuda(), tl.cuda(), gap, t, False, columns, sweep, None)[0].cpu()
-            scaled = {"4 columns": on_cuda(4, True), "1 column": on_cuda(1, True)}
+            scaled = {"4 columns": on_cuda(4, True), "1 column": on_cuda(1, True),
+                      "1 column, log space": on_cuda(1, False)}
             log = on_cuda(4, False)
         else:
             scaled = {"": cpu.forward(S, q, tl, gap, t, False, True, None)[0]}
@@ -47,12 +53,14 @@ def dense(engine: str, configurations: int, seed: int = 1) -> None:
         log_error = ((log.double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
         for name, out in scaled.items():
             error = ((out.double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
+            absolute = (out.double() - exact).abs().max().item()
             worst = max(worst, error)
             if error > 2e-6:
                 bad += 1
                 beyond += error > 2 * log_error
                 print(f"trial {trial}: B={B} M={M} N={N} t={t} gap={gap} scale={scale} {name}: {error:.2e} "
-                      f"(the log-space sweep: {log_error:.2e})", flush=True)
+                      f"(the log-space sweep: {log_error:.2e}); absolute {absolute:.2e}, scores up to "
+                      f"{exact.abs().max().item():.3g}", flush=True)
     print(f"{engine} dense: {configurations} configurations, worst relative error {worst:.2e}, {bad} sweeps past "
           f"2e-6, {beyond} of them past 2x the log-space sweep's error")
 
