@@ -12,7 +12,7 @@
 // with m the largest of the four terms (0, match, delete, insert): 3 ex2 + 1 lg2 on the special
 // function units. H stays in score units, as in the CPU engine and the reference, so a gap step adds
 // exactly the same float. max.NaN / min.NaN carry a NaN in S to that pair's score and nowhere else.
-// Float 1-column lanes (few pairs: latency-bound) take the same terms relative to the delete term
+// Float 1-column lanes (few pairs: latency-bound) take the same terms relative to the cell above
 // instead (cell_from_up: 30 instead of 40 instructions a step), and a pair it cannot hold takes cell().
 // Float scores at t > 0 with 4 columns per lane (8 for scores from codes, where kWideLimit allows),
 // without the DP table, take the scaled sweep instead
@@ -79,6 +79,7 @@ struct Consts {
   A gap;
   A c;   // log2(e) / t, capped at the largest finite value
   A tl;  // t * ln(2)
+  A G;   // 2^(gap c) (t > 0), rounded once
 };
 
 template <typename A, bool SOFT>
@@ -94,18 +95,21 @@ __device__ __forceinline__ A cell(A diag, A up, A left, const Consts<A>& k) {
 }
 
 // The soft cell of a float 1-column lane, whose step is one cell and whose time is the length of the
-// warp's instruction stream through it: every term is taken relative to the delete term u = up + gap,
+// warp's instruction stream through it: every term is taken relative to the cell above (up),
 //
-//     H = u + t ln2 log2(2^(-u c) + 2^((diag - u) c) + 1 + 2^((left - up) c)),
+//     H = up + t ln2 log2(2^(-up c) + 2^((diag - up) c) + G (1 + 2^((left - up) c))),   G = 2^(gap c),
 //
-// 3 ex2 and 1 lg2 as in cell(), but no maximum, no clamp and no differences (each exponent is one fused
-// multiply-add; left - up is the same as (left + gap) - u). The sum is at least 1, so a small term can
-// only vanish; a term past 2^128 overflows to +inf, and the pair's best cell with it (inf or NaN): the
-// caller then scores the pair again with cell() (forward_pair).
-__device__ __forceinline__ float cell_from_up(float diag, float up, float up_gap, float left, const Consts<float>& k) {
-  const float uc = up_gap * k.c;
-  const float rest = 1.0f + exp2_(-uc) + exp2_(fmaf(diag, k.c, -uc));  // off the shuffle's path
-  return fmaf(k.tl, log2_(rest + exp2_((left - up) * k.c)), up_gap);
+// 3 ex2 and 1 lg2 as in cell(), but no maximum, no clamp and no differences taken with the gap: each
+// exponent is a difference of neighbours times c, and G comes rounded once from the host. The first form
+// of this cell took the terms relative to the delete term up + gap, whose rounding (at the magnitude of
+// the gap) went into every cell: 7.9e-6 relative off at gap -30 (tools/fuzz_scaled.py cuda, H200), 6.2e-6
+// in a float32 simulation with exact ex2 and lg2, against 3.3e-7 for this form and 2.6e-7 for cell().
+// A term past 2^128 overflows to +inf, and the pair's best cell with it (inf or NaN); a sum that
+// underflows to 0 (G below the float range, the others far below up) makes the cell -inf and the cell
+// below it NaN. Either way the caller scores the pair again with cell() (forward_pair).
+__device__ __forceinline__ float cell_from_up(float diag, float up, float left, const Consts<float>& k) {
+  const float rest = k.G + exp2_(-up * k.c) + exp2_((diag - up) * k.c);  // off the shuffle's path
+  return fmaf(k.tl, log2_(fmaf(k.G, exp2_((left - up) * k.c), rest)), up);
 }
 
 // Rows of R values: one 16-byte access per lane where the row allows it (the DP table and the gradient
@@ -546,7 +550,7 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
             // neighbour is then off the same row.
             A h;
             if constexpr (FROM_UP)
-              h = cell_from_up(left_above + v[0], up[0], up_gap[0], left, k);
+              h = cell_from_up(left_above + v[0], up[0], left, k);
             else
               h = cell<A, SOFT>(left_above + v[0], up_gap[0], left + k.gap, k);
             last = h;
@@ -1424,6 +1428,7 @@ Consts<A> consts(double gap, double temperature) {
   const double cap = sizeof(A) == 4 ? double(FLT_MAX) : DBL_MAX;
   k.c = A(c < cap ? c : cap);
   k.tl = A(temperature * 0.6931471805599453);
+  k.G = A(temperature > 0 ? exp2(gap * c) : 1.0);
   return k;
 }
 

@@ -1305,16 +1305,29 @@ class TestCudaBackend:
                  (147, 14, 136, 0.2, -0.1, 5.0), (140, 53, 3, 0.4, -1.0, 20.0), (20, 33, 59, 0.05, -0.1, 1.0),
                  (88, 50, 39, 0.2, -1.0, 5.0), (3, 39, 1, 2.0, -4.0, 5.0), (187, 4, 24, 10.0, -30.0, 20.0)]
 
-    @pytest.mark.parametrize("trial, M, N, t, gap, scale", CUDA_FUZZ, ids=[f"trial{f[0]}" for f in CUDA_FUZZ])
-    def test_scaled_sweep_fuzz_findings(self, trial, M, N, t, gap, scale):
+    def fuzz_setting_error(self, trial, M, N, t, gap, scale, **engine_options):
+        """The largest relative error against float64 of one setting of tools/fuzz_scaled.py cuda, drawn as
+        the fuzz draws it (1100 pairs), through dense_engine with engine_options."""
         B = 1100
         S = torch.randn(B, M, N, generator=torch.Generator().manual_seed(trial)) * scale
         qlen = torch.randint(0, M + 1, (B,), generator=torch.Generator().manual_seed(trial + 1))
         tlen = torch.randint(0, N + 1, (B,), generator=torch.Generator().manual_seed(trial + 2))
         exact = ssw(S.double(), gap, t, qlen, tlen, backend="cpu")
-        out, _ = self.dense_engine(S.cuda(), qlen.cuda(), tlen.cuda(), gap, t)
-        relative = ((out.cpu().double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
-        assert relative <= 2e-6
+        out, _ = self.dense_engine(S.cuda(), qlen.cuda(), tlen.cuda(), gap, t, **engine_options)
+        return ((out.cpu().double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
+
+    @pytest.mark.parametrize("trial, M, N, t, gap, scale", CUDA_FUZZ, ids=[f"trial{f[0]}" for f in CUDA_FUZZ])
+    def test_scaled_sweep_fuzz_findings(self, trial, M, N, t, gap, scale):
+        assert self.fuzz_setting_error(trial, M, N, t, gap, scale) <= 2e-6
+
+    # Settings of tools/fuzz_scaled.py cuda (seed 1: trial, M, N, t, gap, scale; 1100 pairs) where the
+    # 1-column log-space cell, then taken relative to the delete term up + gap, was 3.9e-6 to 7.9e-6
+    # relative off: the rounding of up + gap (at the magnitude of the gap) went into every cell.
+    ONE_COLUMN_FUZZ = [(13, 55, 130, 0.7, -30.0, 0.1), (22, 30, 69, 2.0, -30.0, 0.1), (32, 11, 41, 0.4, -30.0, 1.0)]
+
+    @pytest.mark.parametrize("trial, M, N, t, gap, scale", ONE_COLUMN_FUZZ, ids=[f"trial{f[0]}" for f in ONE_COLUMN_FUZZ])
+    def test_one_column_log_space_fuzz_findings(self, trial, M, N, t, gap, scale):
+        assert self.fuzz_setting_error(trial, M, N, t, gap, scale, scaled=False, lane_columns=1) <= 2e-6
 
     @pytest.mark.parametrize("scale,gap,t", [(1.0, -1.0, 1.0), (3.0, -1.0, 1.0), (1.0, -0.3, 0.3), (5.0, -4.0, 2.0),
                                              (1.0, 0.0, 10.0)])
