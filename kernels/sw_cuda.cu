@@ -17,7 +17,8 @@
 // Float scores at t > 0 with 4 columns per lane (8 for scores from codes, where kWideLimit allows),
 // without the DP table, take the scaled sweep instead
 // (below: H as 2^(H log2(e) / t), scaled per lane, 3 fused multiply-adds per cell), and a pair it
-// cannot hold goes through the log-space one.
+// cannot hold goes through the log-space one. Dense pairs of one tile in 1-column lanes (the seed)
+// take a scaled sweep with one scale per warp (forward_one_scale).
 //
 // Dense scores are loaded by each lane for its own row into registers ahead of use: 16-byte float rows
 // in groups of 4 or 8 steps, a group ahead (DenseGroups); other rows kDepth steps ahead, into registers
