@@ -93,6 +93,7 @@ at::Tensor boundary_for(int64_t B, int64_t M, int64_t N, int64_t tile_columns, c
 // pairs, the kernels' Problem (which points into those lengths), and the tile boundary buffer.
 struct Plan {
   int R;
+  int64_t tile;  // columns per tile of the lengths' work key and the boundary buffers
   Lengths lengths;
   Problem pr;
   at::Tensor boundary;
@@ -120,10 +121,10 @@ Plan plan_for(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& 
   Plan plan;
   plan.R = lane_columns_for(B, lane_columns, codes);
   // The tiles of 4 columns per lane also where the codes kernel takes 8: it may take 4 (see above).
-  const int64_t tile = sw_cuda_tile_columns(std::min(plan.R, 4));
-  plan.lengths = lengths_for(qlen, tlen, B, M, N, values.device(), tile);
+  plan.tile = sw_cuda_tile_columns(std::min(plan.R, 4));
+  plan.lengths = lengths_for(qlen, tlen, B, M, N, values.device(), plan.tile);
   plan.pr = problem(B, M, N, plan.lengths);
-  plan.boundary = boundary_for(B, M, N, tile, values);
+  plan.boundary = boundary_for(B, M, N, plan.tile, values);
   return plan;
 }
 
@@ -223,11 +224,10 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   at::Tensor scores = at::empty({B}, matrix.options());
   if (M == 0 || N == 0) return scores.zero_();
   // With 4 or 8 columns per lane and lengths, the longest pairs (a prefix of the order) get a block each.
-  const int64_t tile = sw_cuda_tile_columns(std::min(plan.R, 4));  // as in plan_for
   const Lengths& l = plan.lengths;
   Relaying relaying{};
   at::Tensor coop_count, relay;
-  if (plan.R >= 4 && l.order.defined() && N > tile) {
+  if (plan.R >= 4 && l.order.defined() && N > plan.tile) {
     const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
     TORCH_CHECK(sms > 0, "swcli CUDA engine: the device's number of SMs is unknown");
     relaying.max_coop = std::min<int64_t>(B, 2 * int64_t(sms));

@@ -669,8 +669,7 @@ __device__ void forward_tiles(const Pair& p, Source& src, const Consts<A>& k, co
 // and 3.4e-4 from codes at t = 0.27.
 struct Scaled {
   double c;      // log2(e) / t, for the P table
-  float G;       // 2^(gap c), at most 1 where allowed
-  float gap_bits;  // -gap c = log2(1 / G)
+  float gap_bits;  // -gap c = log2(1 / G), G = Consts::G
   bool allowed;  // the caller's switch and gap <= 0 (false: every pair in log space)
 };
 // top = 100 - log2(largest P), which left less room above, sent 68 of 1103 protein pairs (gap -11, t = 1)
@@ -724,8 +723,9 @@ __device__ __forceinline__ float mantissa_of(unsigned bits) {
 constexpr float kScaledFloor = 0x1p-100f;
 
 template <bool POWERS, int R, int RENORM, class Source, class Handoff>
-__device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float G, float tl, float c,
+__device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, const Consts<float>& k,
                                      const Handoff& handoff, int first_tile, int stride, float& best_out) {
+  const float G = k.G, tl = k.tl, c = k.c;
   constexpr int kDepth = Source::kDepth, top = R == 8 ? kScaledTopWide : kScaledTop;
   static_assert(kWarp % kDepth == 0, "a block of 32 steps holds whole groups of kDepth steps");
   static_assert((RENORM == 1 || RENORM == 2) && kDepth % RENORM == 0, "renormalise every step or every other");
@@ -898,8 +898,8 @@ __device__ bool forward_tiles_scaled(const Pair& p, Source& src, int bias, float
 constexpr float kOneScaleTop = 0x1p100f;
 constexpr int kOneScaleStep = 32;
 
-__device__ bool forward_one_scale(const Pair& p, DenseBlocks<float>& src, float G, float tl, float c,
-                                  float& best_out) {
+__device__ bool forward_one_scale(const Pair& p, DenseBlocks<float>& src, const Consts<float>& k, float& best_out) {
+  const float G = k.G, tl = k.tl, c = k.c;
   const int lane = threadIdx.x % kWarp;
   const TileLanes<1> at = start_tile<1>(p, src, 0, 1, lane);
   const bool active = at.active;
@@ -978,13 +978,12 @@ __device__ void forward_pair(const Pair& p, Source& src, const Consts<A>& k, con
 // The scaled sweep of scores from codes: the source reads the tables of powers (P, then P 2^-bias: see
 // stage_matrix) during the sweep, and the matrix again after it, for a log-space sweep of the pair.
 template <int R, class Source, class Handoff>
-__device__ bool codes_tiles_scaled(const Pair& p, Source& src, const float* powers, int bias, const Scaled& sc,
+__device__ bool codes_tiles_scaled(const Pair& p, Source& src, const float* powers, int bias,
                                    const Consts<float>& k, const Handoff& handoff, int first_tile, int stride,
                                    float& best) {
   const float* const matrix = src.matrix;
   src.matrix = powers;
-  const bool ok = forward_tiles_scaled<true, R, R == 8 ? 2 : 1>(p, src, bias, sc.G, k.tl, k.c, handoff, first_tile,
-                                                                stride, best);
+  const bool ok = forward_tiles_scaled<true, R, R == 8 ? 2 : 1>(p, src, bias, k, handoff, first_tile, stride, best);
   src.matrix = matrix;
   return ok;
 }
@@ -994,17 +993,16 @@ __device__ bool codes_tiles_scaled(const Pair& p, Source& src, const float* powe
 // *log_pairs). POWERS: the source is Codes, whose matrix pointer the scaled sweep points at `powers`
 // (P, then P 2^-bias: see stage_matrix).
 template <bool POWERS, int R, class Source>
-__device__ void scaled_pair(const Pair& p, Source& src, const float* powers, int bias, const Scaled& sc,
-                            const Consts<float>& k, const Outputs<float>& out, int64_t M, int64_t N,
-                            int* log_pairs) {
+__device__ void scaled_pair(const Pair& p, Source& src, const float* powers, int bias, const Consts<float>& k,
+                            const Outputs<float>& out, int64_t M, int64_t N, int* log_pairs) {
   const InPlace<float> handoff{out.boundary ? out.boundary + p.b * M : nullptr};
   float best;
   bool done = false;
   if (bias >= 0) {
     if constexpr (POWERS)
-      done = codes_tiles_scaled<R>(p, src, powers, bias, sc, k, handoff, 0, 1, best);
+      done = codes_tiles_scaled<R>(p, src, powers, bias, k, handoff, 0, 1, best);
     else
-      done = forward_tiles_scaled<false, R, 1>(p, src, 0, sc.G, k.tl, k.c, handoff, 0, 1, best);
+      done = forward_tiles_scaled<false, R, 1>(p, src, 0, k, handoff, 0, 1, best);
     done = __all_sync(kFull, done);
   }
   if (!done) {
@@ -1026,11 +1024,9 @@ __device__ void scaled_pair(const Pair& p, Source& src, const float* powers, int
 __device__ void one_scale_pair(const Pair& p, DenseBlocks<float>& src, const Scaled& sc, const Consts<float>& k,
                                const Outputs<float>& out, int64_t M, int64_t N, int* log_pairs) {
   float best;
-  if (sc.allowed && p.tn <= kWarp) {
-    if (forward_one_scale(p, src, sc.G, k.tl, k.c, best)) {
-      if (threadIdx.x % kWarp == 0) out.scores[p.b] = best;
-      return;
-    }
+  if (sc.allowed && p.tn <= kWarp && forward_one_scale(p, src, k, best)) {
+    if (threadIdx.x % kWarp == 0) out.scores[p.b] = best;
+    return;
   }
   if (log_pairs && threadIdx.x % kWarp == 0) atomicAdd(log_pairs, 1);
   forward_pair<float, 1, true, false>(p, src, k, out, M, N);
@@ -1045,7 +1041,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const int64_t b = order ? order[slot] : slot;
   const Pair p{b, int(qlen ? qlen[b] : M), int(tlen ? tlen[b] : N)};
   if constexpr (std::is_same<A, float>::value && R == 4 && SOFT && !STORE)
-    scaled_pair<false, R>(p, src, nullptr, sc.allowed ? 0 : -1, sc, k, out, M, N, log_pairs);
+    scaled_pair<false, R>(p, src, nullptr, sc.allowed ? 0 : -1, k, out, M, N, log_pairs);
   else if constexpr (std::is_same<A, float>::value && R == 1 && SOFT && !STORE)
     one_scale_pair(p, src, sc, k, out, M, N, log_pairs);
   else
@@ -1103,13 +1099,13 @@ __device__ void codes_pair(const Pair& p, Codes<R>& src, const float* shared_p, 
                            const Outputs<float>& out, const Scaled& sc, int bias, int* log_pairs) {
   if constexpr (R == 8 && SOFT) {
     if (wide_scaled(bias, sc)) {
-      scaled_pair<true, 8>(p, src, shared_p, bias, sc, k, out, src.M, src.N, log_pairs);
+      scaled_pair<true, 8>(p, src, shared_p, bias, k, out, src.M, src.N, log_pairs);
     } else {
       Codes<4> narrow = src.template columns<4>();
-      scaled_pair<true, 4>(p, narrow, shared_p, bias, sc, k, out, src.M, src.N, log_pairs);
+      scaled_pair<true, 4>(p, narrow, shared_p, bias, k, out, src.M, src.N, log_pairs);
     }
   } else if constexpr (R == 4 && SOFT) {
-    scaled_pair<true, 4>(p, src, shared_p, bias, sc, k, out, src.M, src.N, log_pairs);
+    scaled_pair<true, 4>(p, src, shared_p, bias, k, out, src.M, src.N, log_pairs);
   } else {
     forward_pair<float, R, SOFT, false>(p, src, k, out, src.M, src.N);
   }
@@ -1163,8 +1159,8 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_k
     Codes<4> narrow = src.template columns<4>();  // t > 0: log space, and scaled where not wide
     if (SOFT && bias >= 0) {
       const bool ok = R == 8 && wide_scaled(bias, sc)
-                          ? codes_tiles_scaled<R>(p, src, shared_p, bias, sc, k, handoff, warp, kRelayWarps, best)
-                          : codes_tiles_scaled<4>(p, narrow, shared_p, bias, sc, k, handoff, warp, kRelayWarps, best);
+                          ? codes_tiles_scaled<R>(p, src, shared_p, bias, k, handoff, warp, kRelayWarps, best)
+                          : codes_tiles_scaled<4>(p, narrow, shared_p, bias, k, handoff, warp, kRelayWarps, best);
       scored = __syncthreads_and(ok);  // every warp is past the pair: the relay counts can start again
       if (!scored) {
         if (threadIdx.x < kRelayWarps) done[threadIdx.x] = 0;
@@ -1438,7 +1434,6 @@ Consts<A> consts(double gap, double temperature) {
 Scaled scaled_settings(double gap, double t, bool allowed) {
   Scaled sc{};
   sc.c = t > 0 ? 1.4426950408889634 / t : 0.0;
-  sc.G = float(exp2(gap * sc.c));
   sc.gap_bits = float(-gap * sc.c);
   sc.allowed = allowed && t > 0 && gap <= 0;
   return sc;
