@@ -868,6 +868,8 @@ def _codes_ok():
     ({"matrix": torch.zeros(0, 0)}, r"matrix must be a square floating-point tensor"),
     ({"query_codes": torch.full((3, 5), 24, dtype=torch.uint8)},
      r"query_codes holds code 24, outside the 24 x 24 matrix"),
+    ({"target_codes": torch.full((3, 6), 30, dtype=torch.uint8)},
+     r"target_codes holds code 30, outside the 24 x 24 matrix"),
     ({"temperature": -1.0}, r"temperature must be >= 0"),
     ({"gap": float("nan")}, r"gap must be a finite number"),
     ({"query_lengths": torch.tensor([1, 6, 2])}, r"query_lengths must lie in \[0, 5\]"),
