@@ -50,7 +50,7 @@ constexpr int64_t kRelayMinWork = 2048;
 
 struct Lengths {
   at::Tensor qlen, tlen, order;  // undefined when the pair shape is full
-  at::Tensor work;               // rows x column tiles of each pair, the key of `order` (B > 1)
+  at::Tensor work;               // int32 rows x column tiles of each pair, the key of `order` (B > 1)
 };
 
 // Whether the lengths given are contiguous int64 tensors of shape (B,) on the device.
@@ -63,16 +63,24 @@ bool lengths_allowed(const c10::optional<at::Tensor>& qlen, const c10::optional<
   return true;
 }
 
-// Lengths on the device (int64), and the longest-first order in which warps start the pairs.
+// Lengths on the device (int64), and the longest-first order in which warps start the pairs: by work, each
+// pair of codes oriented as the kernels of R columns per lane orient it. The work comes from one kernel,
+// in int32, whose sort takes half the passes of int64: the host's launches and the sort came to 87 us
+// of a 2,684 us call of 10,000 protein pairs on the H200 before (call 1).
 Lengths lengths_for(const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen,
-                    int64_t B, int64_t M, int64_t N, const at::Device& device, int64_t tile_columns) {
+                    int64_t B, int64_t M, int64_t N, const at::Device& device, int R, int64_t tile_columns,
+                    bool codes) {
   Lengths l;
   if (!qlen.has_value() && !tlen.has_value()) return l;
   const auto full = [&](int64_t n) { return at::full({B}, n, at::TensorOptions().dtype(at::kLong).device(device)); };
   l.qlen = qlen.has_value() ? *qlen : full(M);
   l.tlen = tlen.has_value() ? *tlen : full(N);
   if (B > 1) {
-    l.work = l.qlen * at::floor_divide(l.tlen + (tile_columns - 1), tile_columns);
+    l.work = at::empty({B}, at::TensorOptions().dtype(at::kInt).device(device));
+    const Problem unordered{B, M, N, l.qlen.data_ptr<int64_t>(), l.tlen.data_ptr<int64_t>(), nullptr};
+    SWCLI_CHECK_CUDA(sw_cuda_pair_work(unordered, R, codes, tile_columns, l.work.data_ptr<int>(),
+                                       c10::cuda::getCurrentCUDAStream()),
+                     "ordering the pairs");
     l.order = at::argsort(l.work, /*stable=*/true, /*dim=*/0, /*descending=*/true);
   }
   return l;
@@ -122,9 +130,10 @@ Plan plan_for(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& 
   plan.R = lane_columns_for(B, lane_columns, codes);
   // The tiles of 4 columns per lane also where the codes kernel takes 8: it may take 4 (see above).
   plan.tile = sw_cuda_tile_columns(std::min(plan.R, 4));
-  plan.lengths = lengths_for(qlen, tlen, B, M, N, values.device(), plan.tile);
+  plan.lengths = lengths_for(qlen, tlen, B, M, N, values.device(), plan.R, plan.tile, codes);
   plan.pr = problem(B, M, N, plan.lengths);
-  plan.boundary = boundary_for(B, M, N, plan.tile, values);
+  // pairs of codes may be transposed: columns up to max(M, N), rows up to M (see sw_cuda.h)
+  plan.boundary = boundary_for(B, M, codes ? std::max(M, N) : N, plan.tile, values);
   return plan;
 }
 
@@ -227,12 +236,16 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   const Lengths& l = plan.lengths;
   Relaying relaying{};
   at::Tensor coop_count, relay;
-  if (plan.R >= 4 && l.order.defined() && N > plan.tile) {
+  if (plan.R >= 4 && l.order.defined() && plan.boundary.defined()) {
     const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
     TORCH_CHECK(sms > 0, "swcli CUDA engine: the device's number of SMs is unknown");
     relaying.max_coop = std::min<int64_t>(B, 2 * int64_t(sms));
     // the pairs over the threshold are a prefix of the order, which sorts by the same work
-    coop_count = (l.work >= kRelayMinWork).sum().clamp_max(relaying.max_coop).to(at::kLong);
+    coop_count = at::empty({1}, matrix.options().dtype(at::kLong));
+    SWCLI_CHECK_CUDA(sw_cuda_coop_count(l.work.data_ptr<int>(), l.order.data_ptr<int64_t>(), relaying.max_coop,
+                                        int(kRelayMinWork), coop_count.data_ptr<int64_t>(),
+                                        c10::cuda::getCurrentCUDAStream()),
+                     "counting the relayed pairs");
     relay = at::empty({relaying.max_coop, sw_cuda_relay_warps() + 1, M}, matrix.options());
     relaying.coop_count = coop_count.data_ptr<int64_t>();
     relaying.relay = relay.data_ptr<float>();

@@ -40,10 +40,20 @@ struct Relaying {
 };
 int sw_cuda_relay_warps();
 
+// work (B,) int32: the key of the longest-first order, rows x column tiles of tile_columns, with each pair
+// of codes oriented as the codes kernels of lane_columns orient it (codes), else as given.
+cudaError_t sw_cuda_pair_work(const Problem& pr, int lane_columns, bool codes, int64_t tile_columns, int* work,
+                              cudaStream_t stream);
+// *count (on the device): how many of the first max_coop pairs in order have at least min_work.
+cudaError_t sw_cuda_coop_count(const int* work, const int64_t* order, int64_t max_coop, int min_work,
+                               int64_t* count, cudaStream_t stream);
+
 // Scores (B,) of uint8 code pairs (B, M), (B, N) looked up in a K x K float32 matrix. lane_columns is
 // 1, 4 or 8; with 8 and t > 0 the kernel takes 4 where the scaled sweep cannot hold 8 (see kWideLimit
-// in the .cu), so boundary and relay buffers are sized for 4. relaying may be
-// null (then one warp per pair); it needs lengths and an order. With allow_scaled, t > 0 and 4 or 8 columns
+// in the .cu), so boundary and relay buffers are sized for 4. With 4 or 8, a pair whose target is not
+// longer than its query may be scored transposed, the target as the rows (see transposes in the .cu):
+// the boundary buffer (B, M) is then needed once max(M, N) exceeds a tile. relaying may be null (then one
+// warp per pair); it needs lengths and an order. With allow_scaled, t > 0 and 4 or 8 columns
 // per lane, pairs are scored in scaled exponential space where the matrix allows it (see the .cu);
 // log_pairs, if not null, counts on the device the pairs of such a call scored in log space instead.
 // shared_limit: the device's shared memory per block (opt-in), in bytes.

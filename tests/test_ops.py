@@ -1119,6 +1119,56 @@ class TestCudaBackend:
             codes, _ = self.codes_engine(query, target, qlen.cuda(), tlen.cuda(), table, -4.0, 0.0, lane_columns=lanes)
             assert codes.cpu().tolist() == [biopython_score(q, t, -4.0) for q, t in pairs]
 
+    @staticmethod
+    def transposed_by_kernel(q, n, R):
+        """kernels/sw_cuda.cu, transposes: whether the codes kernels of R columns per lane score a q x n pair
+        transposed."""
+        def steps(rows, cols):
+            return -(-cols // (32 * R)) * (rows - 1) + -(-cols // R)
+        return R >= 4 and n <= q and steps(n, q) < steps(q, n)
+
+    def check_codes_against_float64(self, query, target, lengths, matrix, t, lane_columns, full=False):
+        """The codes engine (R columns per lane, gap -1) against the float64 CPU engine pair by pair, and
+        at t = 0 against the float32 one, bit for bit."""
+        qlen, tlen = torch.tensor([q for q, _ in lengths]), torch.tensor([n for _, n in lengths])
+        out, _ = self.codes_engine(query.cuda(), target.cuda(), None if full else qlen.cuda(),
+                                   None if full else tlen.cuda(), matrix.float().cuda(), -1.0, t,
+                                   lane_columns=lane_columns)
+        dense = [matrix[query[b, :q].long()][:, target[b, :n].long()][None] for b, (q, n) in enumerate(lengths)]
+        exact = torch.cat([ssw(S, -1.0, t, backend="cpu") for S in dense])
+        error = (out.cpu().double() - exact).abs()
+        assert (error <= 1e-4 + 1e-5 * exact.abs()).all(), (error.max().item(), lengths[int(error.argmax())])
+        if t == 0:
+            assert torch.equal(out.cpu(), torch.cat([ssw(S.float(), -1.0, 0.0, backend="cpu") for S in dense]))
+
+    @pytest.mark.parametrize("t", [0.0, 1.0])
+    @pytest.mark.parametrize("lane_columns", [4, 8])
+    def test_codes_pairs_scored_transposed(self, lane_columns, t):
+        # With 4 or 8 columns per lane the codes kernels score a pair transposed where that takes fewer
+        # steps and its target is not longer than its query (kernels/sw_cuda.cu, transposes): rows from
+        # the target, the matrix read as [column code][row code]. A random asymmetric matrix shows a lookup
+        # not transposed with its pair. Lengths: pairs transposed (512 x 300, 1000 x 60), long ones that
+        # blocks of warps relay, transposed or not (1024 x 700, 700 x 1024), edges, and random ones.
+        g = torch.Generator().manual_seed(9720 + lane_columns)
+        K = 21
+        matrix = torch.randn(K, K, generator=g, dtype=torch.float64) * 2
+        assert not torch.equal(matrix, matrix.T)
+        lengths = [(512, 300), (1000, 60), (1024, 700), (700, 1024), (300, 512), (257, 256), (1, 1), (40, 1),
+                   (1, 40), (0, 5), (5, 0)]
+        lengths += [tuple(torch.randint(1, 600, (2,), generator=g).tolist()) for _ in range(50)]
+        flips = [self.transposed_by_kernel(q, n, lane_columns) for q, n in lengths]
+        assert flips[:4] == [True, True, True, False] and 10 < sum(flips) < len(lengths) - 10
+        B, M, N = len(lengths), max(q for q, _ in lengths), max(n for _, n in lengths)
+        query = torch.randint(0, K, (B, M), generator=g, dtype=torch.uint8)
+        target = torch.randint(0, K, (B, N), generator=g, dtype=torch.uint8)
+        self.check_codes_against_float64(query, target, lengths, matrix, t, lane_columns)
+        # Full pairs (no lengths) of 600 x 60, each transposed: 600 columns, more than a tile although N
+        # is not, so the binding must still give the kernel its tile boundary buffer.
+        assert self.transposed_by_kernel(600, 60, lane_columns)
+        query = torch.randint(0, K, (6, 600), generator=g, dtype=torch.uint8)
+        target = torch.randint(0, K, (6, 60), generator=g, dtype=torch.uint8)
+        self.check_codes_against_float64(query, target, [(600, 60)] * 6, matrix, t, lane_columns, full=True)
+
     ENGINE_ERRORS = {
         "dense lane_columns 8": ("e.forward(S, None, None, -4.0, 1.0, False, 8, True, None)",
                                  r"lane_columns must be 0 \(automatic\), 1 or 4, got 8"),

@@ -43,11 +43,13 @@ for B, M, N in [(5, 37, 70), (1100, 9, 300), (16, 40, 32)]:  # the last: one col
         codes_q = torch.randint(0, 24, (B, M), generator=g, dtype=torch.uint8).cuda()
         codes_t = torch.randint(0, 24, (B, N), generator=g, dtype=torch.uint8).cuda()
         soft_smith_waterman_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), -1.0, temp, q, t)
-# codes: 8 long pairs (300 x 900: 8 tiles) relayed by blocks of warps among 1092 short ones, 8 columns per
-# lane (gap -1) and 4 (gap -30, past kWideLimit); t = 0 and 1
+# codes: 12 long pairs relayed by blocks of warps among 1088 short ones, 8 columns per lane (gap -1) and 4
+# (gap -30, past kWideLimit); t = 0 and 1. 300 x 900 (8 tiles) as given, 900 x 300 transposed (the short
+# pairs too, most of them)
 qlen, tlen = torch.randint(1, 21, (1100,), generator=g), torch.randint(1, 21, (1100,), generator=g)
 qlen[:8], tlen[:8] = 300, 900
-codes_q = torch.randint(0, 24, (1100, 300), generator=g, dtype=torch.uint8).cuda()
+qlen[8:12], tlen[8:12] = 900, 300
+codes_q = torch.randint(0, 24, (1100, 900), generator=g, dtype=torch.uint8).cuda()
 codes_t = torch.randint(0, 24, (1100, 900), generator=g, dtype=torch.uint8).cuda()
 for temp, gap in ((0.0, -1.0), (1.0, -1.0), (1.0, -30.0)):
     soft_smith_waterman_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), gap, temp, qlen.cuda(), tlen.cuda())
