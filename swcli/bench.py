@@ -211,7 +211,7 @@ def cuda_seed_rows(calls: int) -> list[Row]:
     workload = "seed B=16 32x32"
     return [
         Row(workload, "cuda", 1.0, 16, cells, op,
-            f"{op / empty:.2f}x the empty launch; {reference / op:,.0f}x the reference loop; "
+            f"{op / empty:.3f}x the empty launch; {reference / op:,.0f}x the reference loop; "
             f"{NAIVE_SEED_MICROSECONDS * 1e-6 / op:.1f}x the naive kernel (GUIDE: 113 us)"),
         Row(workload, "empty", 1.0, 16, cells, empty, "empty kernel through the same binding"),
         Row(workload, "graph", 1.0, 16, cells, graph, "per call, 100 calls per CUDA graph, replayed"),
