@@ -65,8 +65,8 @@ bool lengths_allowed(const c10::optional<at::Tensor>& qlen, const c10::optional<
 
 // Lengths on the device (int64), and the longest-first order in which warps start the pairs: by work, each
 // pair of codes oriented as the kernels of R columns per lane orient it. The work comes from one kernel,
-// in int32, whose sort takes half the passes of int64: the host's launches and the sort came to 87 us
-// of a 2,684 us call of 10,000 protein pairs on the H200 before (call 1).
+// in int32, whose sort takes half the passes of int64: before, a dozen torch ops and the int64 sort put
+// 87 us between the engine call and its kernel, of 2,684 us for 10,000 protein pairs (H200).
 Lengths lengths_for(const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen,
                     int64_t B, int64_t M, int64_t N, const at::Device& device, int R, int64_t tile_columns,
                     bool codes) {
@@ -132,8 +132,9 @@ Plan plan_for(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& 
   plan.tile = sw_cuda_tile_columns(std::min(plan.R, 4));
   plan.lengths = lengths_for(qlen, tlen, B, M, N, values.device(), plan.R, plan.tile, codes);
   plan.pr = problem(B, M, N, plan.lengths);
-  // pairs of codes may be transposed: columns up to max(M, N), rows up to M (see sw_cuda.h)
-  plan.boundary = boundary_for(B, M, codes ? std::max(M, N) : N, plan.tile, values);
+  // pairs of codes in lanes of 4 or 8 columns may be transposed: columns up to max(M, N), rows up to M
+  // (see sw_cuda.h)
+  plan.boundary = boundary_for(B, M, codes && plan.R >= 4 ? std::max(M, N) : N, plan.tile, values);
   return plan;
 }
 

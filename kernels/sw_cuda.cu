@@ -330,7 +330,7 @@ struct Codes {
   const uint8_t* next;  // the row code of the next fetch (before the pair's codes: not read)
   int qn;
   static constexpr int kDepth = source_depth(R);
-  unsigned row[kDepth];  // byte offsets of the fetched rows, 4 K * (query code)
+  unsigned row[kDepth];  // byte offsets of the fetched rows: row_bytes * (row code)
 
   __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
     qn = p.qn;
@@ -1165,7 +1165,8 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, 4)
   if (slot >= B) return;
   const int64_t b = order ? order[slot] : slot;
   src.matrix = shared_matrix;
-  const Pair p = oriented(b, int(qlen ? qlen[b] : src.M), int(tlen ? tlen[b] : src.N), sweep_columns<R, SOFT>(bias, sc));
+  const Pair p =
+      oriented(b, int(qlen ? qlen[b] : src.M), int(tlen ? tlen[b] : src.N), sweep_columns<R, SOFT>(bias, sc));
   codes_pair<R, SOFT>(p, src, shared_matrix + src.K * src.K, k, out, sc, bias, log_pairs);
 }
 

@@ -44,7 +44,8 @@ def _check_lengths(name: str, lengths, size: int, device) -> torch.Tensor | None
 def _check_ranges(checks) -> None:
     """checks: (values, error) pairs, error(lowest, highest) -> message or None. The smallest and largest
     entry of every non-empty tensor come from the device in one round trip: each read waits for the
-    device, and one wait per check cost 450 us per call of 10,000 protein pairs on the H200, 15% of it."""
+    device, and with one wait per check the checks took 450 us of a 3,140 us call of 10,000 protein pairs
+    on the H200."""
     checks = [(values, error) for values, error in checks if values.numel()]
     if not checks:
         return
