@@ -169,18 +169,32 @@ NAIVE_SEED_MICROSECONDS = 113.0  # GUIDE section 3: one thread per pair, on an H
 
 def cuda_seconds(run, calls: int, warmup: int = 10) -> float:
     """Median over `calls` of the CUDA-event interval around one run(), after `warmup` runs."""
-    for _ in range(warmup):
-        run()
+    return cuda_seconds_interleaved([run], calls, warmup)[0]
+
+
+def cuda_seconds_interleaved(runs, calls: int, warmup: int = 10, warmup_seconds: float = 0.0) -> list[float]:
+    """cuda_seconds of each of `runs`, measured call by call in turn (the order reversed every other round),
+    so that a drift of the host's speed falls on each alike; warmed up for `warmup` rounds and at least
+    `warmup_seconds`. Calls of the seed's size are host-bound, and the host drifts: on the H200 machine
+    the op, the engine call and the empty launch were each 1 to 3 us faster per call in a second pass
+    than in a first, so that of two measured one after the other, the second gained."""
+    started = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - started < warmup_seconds:
+        for run in runs:
+            run()
+        done += 1
     torch.cuda.synchronize()
-    marks = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        marks.append((start, end))
+    marks = [[] for _ in runs]
+    for call in range(calls):
+        for k in (range(len(runs)) if call % 2 == 0 else reversed(range(len(runs)))):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            runs[k]()
+            end.record()
+            marks[k].append((start, end))
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in marks) / 1e3
+    return [statistics.median(start.elapsed_time(end) for start, end in pairs) / 1e3 for pairs in marks]
 
 
 def graph_seconds(run, calls_per_graph: int, replays: int) -> float:
@@ -204,8 +218,11 @@ def cuda_seed_rows(calls: int) -> list[Row]:
     engine = cuda_engine()
     S = torch.randn(*SEED_SHAPE, device="cuda")
     cells = SEED_SHAPE[0] * SEED_SHAPE[1] * SEED_SHAPE[2]
-    op = cuda_seconds(lambda: ops.soft_smith_waterman(S, -1.0, 1.0), calls)
-    empty = cuda_seconds(lambda: engine.empty_launch(S), calls)
+    # Host-bound: measured in turn, after a second of warm-up. With 10 calls of warm-up, at the start of
+    # a process, the same H200 machine gave 26.2 and 22.0 us per call (1.19x), against 16.2 and 14.5 us
+    # (1.12x) a few seconds later, after about 30,000 calls of each.
+    op, empty = cuda_seconds_interleaved([lambda: ops.soft_smith_waterman(S, -1.0, 1.0),
+                                          lambda: engine.empty_launch(S)], calls, warmup_seconds=1.0)
     graph = graph_seconds(lambda: ops.soft_smith_waterman(S, -1.0, 1.0), 100, calls)
     reference = cuda_seconds(lambda: soft_smith_waterman_reference(S, -1.0, 1.0), 3, warmup=1)
     workload = "seed B=16 32x32"
