@@ -219,8 +219,8 @@ def cuda_seed_rows(calls: int) -> list[Row]:
     S = torch.randn(*SEED_SHAPE, device="cuda")
     cells = SEED_SHAPE[0] * SEED_SHAPE[1] * SEED_SHAPE[2]
     # Host-bound: measured in turn, after a second of warm-up. With 10 calls of warm-up, at the start of
-    # a process, the same H200 machine gave 26.2 and 22.0 us per call (1.19x), against 16.2 and 14.5 us
-    # (1.12x) a few seconds later, after about 30,000 calls of each.
+    # a process, an H200 machine gave 26.2 and 22.0 us per call (1.19x), against 16.2 and 14.5 us (1.12x)
+    # in another process on it a few seconds before, after about 30,000 calls of each.
     op, empty = cuda_seconds_interleaved([lambda: ops.soft_smith_waterman(S, -1.0, 1.0),
                                           lambda: engine.empty_launch(S)], calls, warmup_seconds=1.0)
     graph = graph_seconds(lambda: ops.soft_smith_waterman(S, -1.0, 1.0), 100, calls)

@@ -44,8 +44,8 @@ for B, M, N in [(5, 37, 70), (1100, 9, 300), (16, 40, 32)]:  # the last: one col
         codes_t = torch.randint(0, 24, (B, N), generator=g, dtype=torch.uint8).cuda()
         soft_smith_waterman_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), -1.0, temp, q, t)
 # codes: 12 long pairs relayed by blocks of warps among 1088 short ones, 8 columns per lane (gap -1) and 4
-# (gap -30, past kWideLimit); t = 0 and 1. 300 x 900 (8 tiles) as given, 900 x 300 transposed (the short
-# pairs too, most of them)
+# (gap -30, past kWideLimit); t = 0 and 1. 300 x 900 (8 tiles) as given, 900 x 300 transposed (and about
+# half of the short pairs)
 qlen, tlen = torch.randint(1, 21, (1100,), generator=g), torch.randint(1, 21, (1100,), generator=g)
 qlen[:8], tlen[:8] = 300, 900
 qlen[8:12], tlen[8:12] = 900, 300
