@@ -171,7 +171,7 @@ struct Pair {
 
 // Wavefront steps of one warp over a pair of `rows` x `cols` in tiles of 32 R columns: each tile takes
 // its rows plus its lanes less one, and a step costs the same whether its lanes hold 1 column or R.
-__host__ __device__ __forceinline__ int64_t sweep_steps(int64_t rows, int64_t cols, int R) {
+__device__ __forceinline__ int64_t sweep_steps(int64_t rows, int64_t cols, int R) {
   return (cols + kWarp * R - 1) / (kWarp * R) * (rows - 1) + (cols + R - 1) / R;
 }
 
@@ -186,7 +186,7 @@ __host__ __device__ __forceinline__ int64_t sweep_steps(int64_t rows, int64_t co
 // choice is then the pair's own, whatever the batch, and its rows fit the boundary buffers' M. 1-column
 // lanes keep the pair as given: their cell (cell_from_up) is not symmetric, and they are the
 // latency-bound small batches. The host orders the pairs by the same rule (pair_work_kernel).
-__host__ __device__ __forceinline__ bool transposes(int64_t qn, int64_t tn, int R) {
+__device__ __forceinline__ bool transposes(int64_t qn, int64_t tn, int R) {
   return R >= 4 && tn <= qn && sweep_steps(tn, qn, R) < sweep_steps(qn, tn, R);
 }
 __device__ __forceinline__ Pair oriented(int64_t b, int qn, int tn, int R) {
@@ -1462,12 +1462,9 @@ __global__ void empty_kernel() {}
 __global__ void pair_work_kernel(Problem pr, int R, bool codes, int64_t tile, int* work) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= pr.B) return;
-  int64_t q = pr.qlen ? pr.qlen[b] : pr.M, t = pr.tlen ? pr.tlen[b] : pr.N;
-  if (codes && transposes(q, t, R)) {
-    const int64_t rows = t;
-    t = q, q = rows;
-  }
-  const int64_t w = q * ((t + tile - 1) / tile);
+  const int q = int(pr.qlen ? pr.qlen[b] : pr.M), t = int(pr.tlen ? pr.tlen[b] : pr.N);
+  const Pair p = codes ? oriented(b, q, t, R) : Pair{b, q, t};
+  const int64_t w = p.qn * ((p.tn + tile - 1) / tile);
   work[b] = int(w < INT32_MAX ? w : INT32_MAX);
 }
 

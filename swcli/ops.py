@@ -62,6 +62,11 @@ def _length_range(name: str, limit: int, dim: str):
                               f"max {high}" if low < 0 or high > limit else None)
 
 
+def _code_range(name: str, K: int):
+    """The error of codes past a K x K matrix (for _check_ranges)."""
+    return lambda low, high: f"{name} holds code {high}, outside the {K} x {K} matrix" if high >= K else None
+
+
 def _resolve_backend(backend: str, tensor: torch.Tensor) -> str:
     # tensor.is_cuda / is_cpu, not tensor.device.type: that one costs more than all the other checks
     # of a small call together
@@ -229,14 +234,10 @@ def soft_smith_waterman_codes(
     if target_codes.device != query_codes.device:
         raise ValueError(f"query_codes and target_codes are on {query_codes.device} and {target_codes.device}")
     K = matrix.shape[0]
-
-    def code_range(name):
-        return lambda low, high: f"{name} holds code {high}, outside the {K} x {K} matrix" if high >= K else None
-
     B, M = query_codes.shape
     gap, temperature, backend, qlen, tlen = _check_arguments(
         gap, temperature, backend, query_codes, (B, M, target_codes.shape[1]), query_lengths, target_lengths,
-        ((query_codes, code_range("query_codes")), (target_codes, code_range("target_codes"))))
+        ((query_codes, _code_range("query_codes", K)), (target_codes, _code_range("target_codes", K))))
     return score_checked_codes(query_codes, target_codes, matrix.to(query_codes.device), gap, temperature, qlen,
                                tlen, backend)
 
