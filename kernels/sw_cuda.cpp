@@ -298,6 +298,72 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   return grad_S;
 }
 
+// Whether the gradient by rows (sw_cuda.h) takes this call: float32, t > 0, gap <= 0, N up to the rows'
+// width and a multiple of 4, S 16-byte aligned (checked by the caller on the contiguous S).
+bool rows_take(const at::Tensor& S, double gap, double temperature) {
+  return S.is_cuda() && S.dim() == 3 && S.scalar_type() == at::kFloat && temperature > 0 && gap <= 0 &&
+         S.size(2) <= sw_cuda_rows_width() && S.size(2) % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(S.contiguous().data_ptr()) % 16 == 0;
+}
+
+// (scores (B,), kept (B, kept floats), best_row (B,), failed (1,) int32): the forward of the gradient by rows
+// (sw_cuda.h). failed counts on the device the pairs that need the DP table's path instead.
+std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const c10::optional<at::Tensor>& qlen,
+                                     const c10::optional<at::Tensor>& tlen, double gap, double temperature) {
+  TORCH_CHECK(rows_take(S_in, gap, temperature),
+              "the gradient by rows takes float32 CUDA scores (B, M, N) with N <= " +
+                  std::to_string(sw_cuda_rows_width()) + " a multiple of 4, t > 0 and gap <= 0");
+  const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
+  TORCH_CHECK(error.empty(), error);
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const at::Tensor S = S_in.contiguous();
+  const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S.device(), 4, sw_cuda_tile_columns(4), false);
+  const Problem pr = problem(B, M, N, lengths);
+  at::Tensor scores = at::empty({B}, S.options());
+  at::Tensor kept = at::empty({B, sw_cuda_rows_kept_floats(M)}, S.options());
+  at::Tensor best_row = at::empty({B}, S.options().dtype(at::kLong));
+  at::Tensor failed = at::zeros({1}, S.options().dtype(at::kInt));
+  const at::Tensor boundary = boundary_for(B, M, N, sw_cuda_tile_columns(4), S.options());
+  if (M == 0 || N == 0) {
+    scores.zero_();
+    best_row.fill_(-1);
+  } else {
+    SWCLI_CHECK_CUDA(sw_cuda_rows_forward(pr, S.data_ptr<float>(), scores.data_ptr<float>(),
+                                          best_row.data_ptr<int64_t>(), kept.data_ptr<float>(),
+                                          ptr_or_null<float>(boundary), failed.data_ptr<int>(), gap, temperature,
+                                          c10::cuda::getCurrentCUDAStream()),
+                     "forward by rows");
+  }
+  return {scores, kept, best_row, failed};
+}
+
+// grad_S (B, M, N) from forward_rows' kept rows and best_row (a call whose failed count was 0).
+at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
+                         const at::Tensor& best_row, const c10::optional<at::Tensor>& qlen,
+                         const c10::optional<at::Tensor>& tlen, double gap, double temperature) {
+  TORCH_CHECK(rows_take(S_in, gap, temperature), "the gradient by rows does not take these scores");
+  const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
+  TORCH_CHECK(error.empty(), error);
+  TORCH_CHECK(kept.is_cuda() && kept.dim() == 2 && kept.size(0) == B && kept.size(1) == sw_cuda_rows_kept_floats(M) &&
+                  kept.scalar_type() == at::kFloat && kept.is_contiguous() && best_row.is_cuda() &&
+                  best_row.numel() == B && best_row.scalar_type() == at::kLong && best_row.is_contiguous(),
+              "kept rows do not match the score matrix (they come from forward_rows)");
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const at::Tensor S = S_in.contiguous();
+  const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S.device(), 4, sw_cuda_tile_columns(4), false);
+  const Problem pr = problem(B, M, N, lengths);
+  const at::Tensor grad = grad_scores.to(at::kFloat).contiguous();
+  at::Tensor grad_S = at::empty({B, M, N}, S.options());  // the kernel writes every element
+  if (M == 0 || N == 0) return grad_S;
+  SWCLI_CHECK_CUDA(sw_cuda_rows_backward(pr, grad.data_ptr<float>(), S.data_ptr<float>(), kept.data_ptr<float>(),
+                                         best_row.data_ptr<int64_t>(), grad_S.data_ptr<float>(), gap, temperature,
+                                         c10::cuda::getCurrentCUDAStream()),
+                   "backward by rows");
+  return grad_S;
+}
+
 // The call of inference on full pairs (no lengths, no DP table), with the fewest arguments and results
 // for pybind11 to convert: small batches are bound by the host's time per call.
 at::Tensor scores(const at::Tensor& S, double gap, double temperature) {
@@ -317,5 +383,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scores", &scores, "forward without lengths or DP table: the scores alone");
   m.def("forward_codes", &forward_codes, "scores of code pairs looked up in a substitution matrix");
   m.def("backward", &backward, "gradient of the scores with respect to the score matrix");
+  m.def("rows_take", &rows_take, "whether the gradient by rows takes these scores");
+  m.def("forward_rows", &forward_rows, "the forward of the gradient by rows: scores and kept rows");
+  m.def("backward_rows", &backward_rows, "the gradient by rows, from forward_rows");
   m.def("empty_launch", &empty_launch, "an empty kernel launch, for the launch-overhead yardstick");
 }

@@ -69,5 +69,19 @@ cudaError_t sw_cuda_backward_f64(const Problem& pr, const double* grad_scores, c
                                  const double* table, const int64_t* best_at, double* grad_S,
                                  double* boundary, double gap, double t, int lane_columns,
                                  cudaStream_t stream);
+// The gradient by rows (float, t > 0, gap <= 0, N <= sw_cuda_rows_width(), N a multiple of 4, S 16-byte
+// aligned): the forward keeps sw_cuda_rows_kept_floats(M) floats per pair (every 8th row of the DP) instead
+// of the table, and the backward computes the rows between them again. rows_forward: scores (B,),
+// best_row (B,), the row of the first maximal cell in row-major order or -1 (the backward finds its
+// column), kept (B, sw_cuda_rows_kept_floats(M)), and *failed (on the device, zeroed by the caller) counts
+// the pairs whose rows the scaled space could not hold: those are scored in log space instead (with the
+// boundary buffer (B, M) where N exceeds sw_cuda_tile_columns(4)), and their gradient needs the table's
+// path. rows_backward: grad_S (B, M, N), every element written, for a call whose *failed was 0.
+int sw_cuda_rows_width();
+int64_t sw_cuda_rows_kept_floats(int64_t M);
+cudaError_t sw_cuda_rows_forward(const Problem& pr, const float* S, float* scores, int64_t* best_row, float* kept,
+                                 float* boundary, int* failed, double gap, double t, cudaStream_t stream);
+cudaError_t sw_cuda_rows_backward(const Problem& pr, const float* grad_scores, const float* S, const float* kept,
+                                  const int64_t* best_row, float* grad_S, double gap, double t, cudaStream_t stream);
 // An empty kernel: the launch-overhead yardstick of `swcli bench`.
 cudaError_t sw_cuda_empty(cudaStream_t stream);

@@ -266,7 +266,17 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
     both = cuda_seconds(forward_backward, few, warmup=3)
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, both,
                     f"forward + backward: {both / rows[0].seconds:.2f}x the forward alone"))
-    # the two halves, straight through the engine (no autograd, no gradient allocation by autograd)
+    # the two halves, straight through the engine (no autograd, no gradient allocation by autograd): the
+    # gradient by rows that autograd takes here, and the DP table's path (the others: t = 0, float64, N > 256)
+    kept_forward = cuda_seconds(lambda: engine.forward_rows(S, None, None, -1.0, 1.0), few, warmup=3)
+    _, kept, best_row, failed = engine.forward_rows(S, None, None, -1.0, 1.0)
+    kept_backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_row, None, None, -1.0, 1.0), few,
+                                 warmup=3)
+    rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, kept_forward,
+                    f"forward that keeps every 8th row (engine call); {failed.item()} pairs past the scaled range"))
+    rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, kept_backward,
+                    "backward by rows alone (engine call)"))
+    del kept, best_row
     keeping = cuda_seconds(lambda: engine.forward(S, None, None, -1.0, 1.0, True, 0, True, None), few,
                            warmup=3)
     _, table, best_at = engine.forward(S, None, None, -1.0, 1.0, True, 0, True, None)
@@ -275,7 +285,8 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, keeping,
                     "forward that keeps the DP table (engine call)"))
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, backward,
-                    "backward alone (engine call)"))
+                    f"backward from the table alone (engine call); with that forward "
+                    f"{(keeping + backward) / rows[0].seconds:.2f}x the forward alone"))
     return rows
 
 

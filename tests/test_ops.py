@@ -1182,6 +1182,11 @@ class TestCudaBackend:
                           r"log_pairs must be a \(1,\) int32 tensor"),
         "S on the CPU": ("e.forward(S.cpu(), None, None, -4.0, 1.0, False, 0, True, None)",
                          "the CUDA engine needs a 3-D CUDA tensor"),
+        "rows of float64": ("e.forward_rows(S.double(), None, None, -4.0, 1.0)",
+                            "the gradient by rows takes float32 CUDA scores"),
+        "rows at t = 0": ("e.forward_rows(S, None, None, -4.0, 0.0)", "the gradient by rows takes"),
+        "rows kept wrong": ("e.backward_rows(n.float(), S, S[0], n, None, None, -4.0, 1.0)",
+                            "kept rows do not match the score matrix"),
     }
 
     @pytest.mark.parametrize("case", list(ENGINE_ERRORS))
@@ -1196,6 +1201,95 @@ class TestCudaBackend:
                 f"    print('raised' if re.search({message!r}, str(error)) else 'other: ' + str(error)[:200])\n")
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
         assert run.returncode == 0 and run.stdout.strip() == "raised", (run.returncode, run.stdout, run.stderr[-500:])
+
+    # -- the gradient by rows (float32, t > 0, gap <= 0, N <= 256 a multiple of 4: kernels/sw_cuda.cu), which
+    #    autograd takes there: every 8th row kept, the rows between computed again in the backward
+
+    ROWS_SHAPES = {
+        "300x256 full": ((40, 300, 256), False),  # 38 bands, every lane full
+        "37x200 lengths": ((60, 37, 200), True),  # columns past the target in a lane (masked)
+        "1x4": ((9, 1, 4), False),
+        "20x8 full": ((9, 20, 8), False),  # 31 lanes past N, on S = 0
+        "70x132 lengths": ((30, 70, 132), True),
+        "17x12": ((25, 17, 12), False),  # N not a multiple of 8: masked
+    }
+
+    @pytest.mark.parametrize("shape", list(ROWS_SHAPES))
+    @pytest.mark.parametrize("gap, t", [(-1.0, 1.0), (0.0, 2.0), (-3.0, 0.5)])
+    def test_rows_gradient_matches_float64(self, shape, gap, t):
+        (B, M, N), with_lengths = self.ROWS_SHAPES[shape]
+        S = random_scores((B, M, N), seed=9990 + M, dtype=torch.float32)
+        qlen = random_lengths(B, M, seed=9991) if with_lengths else None
+        tlen = random_lengths(B, N, seed=9992) if with_lengths else None
+        cuda_lengths = [x.cuda() if x is not None else None for x in (qlen, tlen)]
+        engine = _build.cuda_engine()
+        assert engine.rows_take(S.cuda(), gap, t)
+        assert engine.forward_rows(S.cuda(), *cuda_lengths, gap, t)[3].item() == 0  # the scaled rows hold it
+        grad_out = random_scores((B,), seed=9993).abs() + 0.5
+        G = S.cuda().requires_grad_()
+        out = ssw(G, gap, t, *cuda_lengths)
+        (out * grad_out.cuda().float()).sum().backward()
+        exact_S = S.double().requires_grad_()
+        exact = ssw(exact_S, gap, t, qlen, tlen, backend="cpu")
+        (exact * grad_out).sum().backward()
+        torch.testing.assert_close(out.detach().cpu().double(), exact.detach(), rtol=1e-6, atol=1e-4)
+        # measured: 1e-6 at most (the DP table's path: 2e-5)
+        torch.testing.assert_close(G.grad.cpu().double(), exact_S.grad, rtol=0, atol=1e-5)
+        assert (G.grad >= 0).all()
+        if with_lengths:
+            assert (G.grad.cpu()[window_mask(B, M, N, qlen, tlen)] == 0).all()
+
+    def test_rows_gradient_goes_to_the_first_of_tied_best_cells(self):
+        # as test_gradient_goes_to_the_first_of_tied_best_cells, in float32 through the rows: two lone 5s
+        # give bit-identical best cells in rows 0 and 2; the first in row-major order takes the gradient
+        S = torch.full((1, 3, 4), -1000.0, device=self.device)
+        S[0, 0, 2] = S[0, 2, 0] = 5.0
+        assert _build.cuda_engine().rows_take(S, -1000.0, 1.0)
+        S.requires_grad_()
+        ssw(S, -1000.0, 1.0).sum().backward()
+        expected = torch.zeros(1, 3, 4)
+        expected[0, 0, 2] = 1.0 / (1.0 + math.exp(-5.0))
+        torch.testing.assert_close(S.grad.cpu(), expected, rtol=0, atol=1e-6)
+
+    def test_rows_past_the_scaled_range_take_the_table(self):
+        # A +150 spike (P = 2^216) leaves the scaled range: the rows' forward scores that pair in log space
+        # and counts it, and the backward takes the DP table's path for the batch.
+        S = random_scores((10, 50, 64), seed=9994, dtype=torch.float32)
+        S[3, 20, 30] = 150.0
+        assert _build.cuda_engine().forward_rows(S.cuda(), None, None, -1.0, 1.0)[3].item() == 1
+        G = S.cuda().requires_grad_()
+        out = ssw(G, -1.0, 1.0)
+        out.sum().backward()
+        exact_S = S.double().requires_grad_()
+        exact = ssw(exact_S, -1.0, 1.0, backend="cpu")
+        exact.sum().backward()
+        torch.testing.assert_close(out.detach().cpu().double(), exact.detach(), rtol=1e-6, atol=1e-4)
+        torch.testing.assert_close(G.grad.cpu().double(), exact_S.grad, rtol=0, atol=1e-4)
+
+    def test_which_gradients_go_by_rows(self):
+        engine = _build.cuda_engine()
+        S = torch.randn(3, 5, 12, device=self.device)
+        assert engine.rows_take(S, -1.0, 1.0)
+        assert not engine.rows_take(S.double(), -1.0, 1.0)  # float64: the table
+        assert not engine.rows_take(S, -1.0, 0.0)  # t = 0: the table (argmax weights)
+        assert not engine.rows_take(S, 0.5, 1.0)  # a positive gap: no scaled space
+        assert not engine.rows_take(torch.randn(3, 5, 260, device=self.device), -1.0, 1.0)  # past 256 columns
+        assert not engine.rows_take(torch.randn(3, 5, 10, device=self.device), -1.0, 1.0)  # rows of 40 bytes
+        shifted = torch.randn(3 * 5 * 12 + 1, device=self.device)[1:].view(3, 5, 12)  # contiguous, 4-byte aligned
+        assert not engine.rows_take(shifted, -1.0, 1.0)
+        transposed = S.transpose(1, 2).contiguous().transpose(1, 2)  # not contiguous: the rows of a copy
+        for x in (transposed, shifted):  # through the op all the same
+            G = x.detach().requires_grad_()
+            ssw(G, -1.0, 1.0).sum().backward()
+            exact_S = x.detach().cpu().double().requires_grad_()
+            ssw(exact_S, -1.0, 1.0, backend="cpu").sum().backward()
+            torch.testing.assert_close(G.grad.cpu().double(), exact_S.grad, rtol=0, atol=1e-4)
+
+    def test_rows_gradient_of_empty_batches(self):
+        for shape in [(0, 3, 4), (2, 0, 4), (2, 3, 0)]:
+            S = torch.zeros(shape, device=self.device, requires_grad=True)
+            ssw(S, -1.0, 1.0).sum().backward()
+            assert S.grad.shape == shape and (S.grad == 0).all()
 
     # -- the scaled sweep (float at t > 0 with 4 columns per lane, dense and from codes, no DP table:
     #    kernels/sw_cuda.cu), and its fallback to the log-space sweep

@@ -13,6 +13,8 @@
   forward: the seed in CUDA graph replay, the dense t = 1 forward and 10,000 real-length pairs from
            codes at t = 1 and 0, 20 calls each (medians of CUDA events): one line, to compare kernel
            variants of the forward.
+  rows:    the gradient by rows (dense float, 8192 x 256 x 256, t = 1): the forward alone, the rows'
+           forward and backward, and forward + backward through autograd, 10 calls each: one line.
   gradient: swcli bench's dense rows (forward, forward + backward, the forward that keeps H, the
            backward) with 10 calls each, and a checksum of the gradient: one line, to compare kernel
            variants (tools/variants.sh).
@@ -138,6 +140,33 @@ def forward() -> None:
           + ", ".join(f"t={t:g} {s * 1e6:.1f} us ({batch.cells / s / 1e9:.1f} GCUPS)" for t, s in real.items()))
 
 
+def rows() -> None:
+    from swcli._build import cuda_engine
+    from swcli.bench import cuda_seconds
+
+    engine = cuda_engine()
+    torch.manual_seed(0)
+    S = torch.randn(8192, 256, 256, device="cuda")
+    ones = torch.ones(8192, device="cuda")
+    alone = cuda_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0), 10)
+    forward = cuda_seconds(lambda: engine.forward_rows(S, None, None, -1.0, 1.0), 10)
+    _, kept, best_at, failed = engine.forward_rows(S, None, None, -1.0, 1.0)
+    backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_at, None, None, -1.0, 1.0), 10)
+    X = S.clone().requires_grad_()
+
+    def step():
+        X.grad = None
+        swcli.soft_smith_waterman(X, -1.0, 1.0).sum().backward()
+
+    both = cuda_seconds(step, 10)
+    keeping = cuda_seconds(lambda: swcli.soft_smith_waterman(X, -1.0, 1.0), 10)
+    scores = swcli.soft_smith_waterman(X, -1.0, 1.0).sum()
+    grad_fn = scores.grad_fn
+    print(f"forward alone {alone * 1e3:.3f} ms; rows forward {forward * 1e3:.3f} ms, backward {backward * 1e3:.3f} ms; "
+          f"forward + backward {both * 1e3:.3f} ms = {both / alone:.2f}x (autograd forward {keeping * 1e3:.3f} ms); "
+          f"failed {failed.item()}; gradient sum {X.grad.double().sum().item():.6f}")
+
+
 if __name__ == "__main__":
     {"kernels": kernels, "train": train, "latency": latency, "steps": steps, "host": host,
-     "gradient": gradient, "forward": forward}[sys.argv[1]]()
+     "gradient": gradient, "forward": forward, "rows": rows}[sys.argv[1]]()
