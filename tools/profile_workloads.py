@@ -160,8 +160,6 @@ def rows() -> None:
 
     both = cuda_seconds(step, 10)
     keeping = cuda_seconds(lambda: swcli.soft_smith_waterman(X, -1.0, 1.0), 10)
-    scores = swcli.soft_smith_waterman(X, -1.0, 1.0).sum()
-    grad_fn = scores.grad_fn
     print(f"forward alone {alone * 1e3:.3f} ms; rows forward {forward * 1e3:.3f} ms, backward {backward * 1e3:.3f} ms; "
           f"forward + backward {both * 1e3:.3f} ms = {both / alone:.2f}x (autograd forward {keeping * 1e3:.3f} ms); "
           f"failed {failed.item()}; gradient sum {X.grad.double().sum().item():.6f}")
