@@ -299,11 +299,12 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
 }
 
 // Whether the gradient by rows (sw_cuda.h) takes this call: float32, t > 0, gap <= 0, N up to the rows'
-// width and a multiple of 4, S 16-byte aligned (checked by the caller on the contiguous S).
+// width and a multiple of 4, and rows 16-byte aligned (a contiguous S at its own address; any other S is
+// copied into a fresh, aligned tensor by the calls below).
 bool rows_take(const at::Tensor& S, double gap, double temperature) {
   return S.is_cuda() && S.dim() == 3 && S.scalar_type() == at::kFloat && temperature > 0 && gap <= 0 &&
          S.size(2) <= sw_cuda_rows_width() && S.size(2) % 4 == 0 &&
-         reinterpret_cast<uintptr_t>(S.contiguous().data_ptr()) % 16 == 0;
+         (!S.is_contiguous() || reinterpret_cast<uintptr_t>(S.data_ptr()) % 16 == 0);
 }
 
 // (scores (B,), kept (B, kept floats), best_row (B,), failed (1,) int32): the forward of the gradient by rows

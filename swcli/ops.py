@@ -125,7 +125,9 @@ def _forward(backend: str, S: torch.Tensor, qlen, tlen, gap: float, temperature:
     engine = _engine("cuda")
     if not keep and qlen is None and tlen is None:  # the lean binding: small calls are host-bound
         return engine.scores(S, gap, temperature), None
-    if keep and engine.rows_take(S, gap, temperature):  # the gradient by rows: kept rows, not the table
+    # The gradient by rows: kept rows, not the table. Not while a CUDA graph is captured: its backward reads
+    # one int from the device (below), which a capture does not allow.
+    if keep and engine.rows_take(S, gap, temperature) and not torch.cuda.is_current_stream_capturing():
         scores, kept, best_row, failed = engine.forward_rows(S, qlen, tlen, gap, temperature)
         return scores, (kept, best_row, failed)
     scores, table, best_at = engine.forward(S, qlen, tlen, gap, temperature, keep, 0, True, None)

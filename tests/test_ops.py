@@ -1592,6 +1592,31 @@ class TestCudaBackend:
         torch.cuda.synchronize()
         assert torch.equal(captured, ssw(fresh, -1.0, 1.0))
 
+    def test_gradient_in_a_captured_graph(self):
+        # A training step captured whole. The rows' backward reads one int from the device, which a capture
+        # does not allow, so under capture the op keeps the DP table (ops._forward); replayed on new
+        # scores, the gradient is theirs.
+        static = random_scores((16, 32, 32), seed=9952, dtype=torch.float32, device=self.device).requires_grad_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up outside the capture (by rows)
+                static.grad = None
+                ssw(static, -1.0, 1.0).sum().backward()
+        torch.cuda.current_stream().wait_stream(side)
+        static.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ssw(static, -1.0, 1.0).sum().backward()
+        fresh = random_scores((16, 32, 32), seed=9953, dtype=torch.float32)
+        with torch.no_grad():
+            static.copy_(fresh.cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        exact = fresh.double().requires_grad_()
+        ssw(exact, -1.0, 1.0, backend="cpu").sum().backward()
+        torch.testing.assert_close(static.grad.cpu().double(), exact.grad, rtol=0, atol=1e-4)
+
     # -- gradients
 
     @pytest.mark.parametrize("t", [0.1, 1.0, 10.0])

@@ -53,13 +53,13 @@ codes_q = torch.randint(0, 24, (1100, 900), generator=g, dtype=torch.uint8).cuda
 codes_t = torch.randint(0, 24, (1100, 900), generator=g, dtype=torch.uint8).cuda()
 for temp, gap in ((0.0, -1.0), (1.0, -1.0), (1.0, -30.0)):
     soft_smith_waterman_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), gap, temp, qlen.cuda(), tlen.cuda())
-# full pairs whose last tile is narrower than a tile (300 = 2 x 128 + 44): lanes past it, last rows
 # the gradient by rows (float32, t > 0, N <= 256): full rows over 38 bands, and masked lanes with lengths
 for B, M, N, lengths in ((64, 300, 256, False), (200, 30, 132, True)):
     S = torch.randn(B, M, N, generator=g).cuda().requires_grad_()
     q = torch.randint(0, M + 1, (B,), generator=g).cuda() if lengths else None
-    t = torch.randint(0, N + 1, (B,), generator=g).cuda() if lengths else None
-    swcli.soft_smith_waterman(S, -1.0, 1.0, q, t).sum().backward()
+    tl = torch.randint(0, N + 1, (B,), generator=g).cuda() if lengths else None
+    swcli.soft_smith_waterman(S, -1.0, 1.0, q, tl).sum().backward()
+# full pairs whose last tile is narrower than a tile (300 = 2 x 128 + 44): lanes past it, last rows
 S = torch.randn(1100, 40, 300, generator=g).cuda().requires_grad_()
 swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()
 swcli.soft_smith_waterman(S.detach(), -1.0, 1.0)

@@ -150,8 +150,8 @@ def rows() -> None:
     ones = torch.ones(8192, device="cuda")
     alone = cuda_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0), 10)
     forward = cuda_seconds(lambda: engine.forward_rows(S, None, None, -1.0, 1.0), 10)
-    _, kept, best_at, failed = engine.forward_rows(S, None, None, -1.0, 1.0)
-    backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_at, None, None, -1.0, 1.0), 10)
+    _, kept, best_row, failed = engine.forward_rows(S, None, None, -1.0, 1.0)
+    backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_row, None, None, -1.0, 1.0), 10)
     X = S.clone().requires_grad_()
 
     def step():
