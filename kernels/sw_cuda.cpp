@@ -319,20 +319,19 @@ std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const c10::optional
   TORCH_CHECK(error.empty(), error);
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
-  const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S.device(), 4, sw_cuda_tile_columns(4), false);
-  const Problem pr = problem(B, M, N, lengths);
+  // 4 columns per lane: the longest-first order's tiles, and the boundary of the log-space fallback
+  const Plan plan = plan_for(B, M, N, qlen, tlen, 4, S.options());
   at::Tensor scores = at::empty({B}, S.options());
   at::Tensor kept = at::empty({B, sw_cuda_rows_kept_floats(M)}, S.options());
   at::Tensor best_row = at::empty({B}, S.options().dtype(at::kLong));
   at::Tensor failed = at::zeros({1}, S.options().dtype(at::kInt));
-  const at::Tensor boundary = boundary_for(B, M, N, sw_cuda_tile_columns(4), S.options());
   if (M == 0 || N == 0) {
     scores.zero_();
     best_row.fill_(-1);
   } else {
-    SWCLI_CHECK_CUDA(sw_cuda_rows_forward(pr, S.data_ptr<float>(), scores.data_ptr<float>(),
+    SWCLI_CHECK_CUDA(sw_cuda_rows_forward(plan.pr, S.data_ptr<float>(), scores.data_ptr<float>(),
                                           best_row.data_ptr<int64_t>(), kept.data_ptr<float>(),
-                                          ptr_or_null<float>(boundary), failed.data_ptr<int>(), gap, temperature,
+                                          ptr_or_null<float>(plan.boundary), failed.data_ptr<int>(), gap, temperature,
                                           c10::cuda::getCurrentCUDAStream()),
                      "forward by rows");
   }

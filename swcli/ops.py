@@ -116,7 +116,8 @@ def _full(lengths: torch.Tensor | None, size: int, limit: int) -> torch.Tensor:
 
 def _forward(backend: str, S: torch.Tensor, qlen, tlen, gap: float, temperature: float, keep: bool):
     """(scores, what the backward needs) from a compiled engine: the DP table H, and on CUDA the
-    position of the best cell, which the CPU engine finds again in its backward."""
+    position of the best cell, which the CPU engine finds again in its backward; or, for the gradient by
+    rows (CUDA), the kept rows, the best cell's row and the count of pairs that need the table instead."""
     if backend == "cpu":
         B, M, N = S.shape
         scores, dp = _engine("cpu").forward(S, _full(qlen, B, M), _full(tlen, B, N), gap, temperature, keep,

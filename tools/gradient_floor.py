@@ -5,6 +5,7 @@ engine's gradient kernels. Dense float S, B = 8192, 256 x 256. Medians of 10 cal
   python3 tools/gradient_floor.py
 """
 
+import os
 from pathlib import Path
 
 import torch
@@ -26,8 +27,6 @@ void run(torch::Tensor S, torch::Tensor grad, int64_t mode) {
 
 def main() -> None:
     major, minor = torch.cuda.get_device_capability()
-    import os
-
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
     module = load_inline("gradient_floor", cpp_sources=WRAPPER,
                          cuda_sources=(Path(__file__).parent / "gradient_floor.cu").read_text(),
