@@ -299,12 +299,11 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
 }
 
 // Whether the gradient by rows (sw_cuda.h) takes this call: float32, t > 0, gap <= 0, N up to the rows'
-// width and a multiple of 4, and rows 16-byte aligned (a contiguous S at its own address; any other S is
-// copied into a fresh, aligned tensor by the calls below).
+// width (any N: rows not 16-byte aligned go through a staging row in shared memory). The op sends a
+// call here only where it gains (ops._by_rows).
 bool rows_take(const at::Tensor& S, double gap, double temperature) {
   return S.is_cuda() && S.dim() == 3 && S.scalar_type() == at::kFloat && temperature > 0 && gap <= 0 &&
-         S.size(2) <= sw_cuda_rows_width() && S.size(2) % 4 == 0 &&
-         (!S.is_contiguous() || reinterpret_cast<uintptr_t>(S.data_ptr()) % 16 == 0);
+         S.size(2) <= sw_cuda_rows_width();
 }
 
 // (scores (B,), kept (B, kept floats), best_row (B,), failed (1,) int32): the forward of the gradient by rows
@@ -313,7 +312,7 @@ std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const c10::optional
                                      const c10::optional<at::Tensor>& tlen, double gap, double temperature) {
   TORCH_CHECK(rows_take(S_in, gap, temperature),
               "the gradient by rows takes float32 CUDA scores (B, M, N) with N <= " +
-                  std::to_string(sw_cuda_rows_width()) + " a multiple of 4, t > 0 and gap <= 0");
+                  std::to_string(sw_cuda_rows_width()) + ", t > 0 and gap <= 0");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
   TORCH_CHECK(error.empty(), error);

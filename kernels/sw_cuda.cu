@@ -1479,7 +1479,9 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
 //
 // MASKED: per-pair lengths, or N not a multiple of 8, so that a lane may hold columns past the target
 // (their S is arbitrary: they are held at 0). Without it, lanes past N (N < 256) run on S = 0, an
-// extension of the matrix that no column inside it depends on, left out of the best cell.
+// extension of the matrix that no column inside it depends on, left out of the best cell. ALIGNED: rows of
+// S and of the gradient in 16-byte accesses (N a multiple of 4, S 16-byte aligned); without it (always
+// MASKED: three cases, not four) they move through a staging row in shared memory (Staging, below).
 constexpr int kRowCols = 8;                   // columns per lane
 constexpr int kRowsWidth = kWarp * kRowCols;  // the widest N this path takes
 // Measured on the H200 (the backward alone, 8192 x 256 x 256, t = 1): bands of 16 rows 1.65 ms (10 warps
@@ -1518,16 +1520,50 @@ __device__ __forceinline__ RowConsts row_consts(const Consts<float>& k) {
   return rc;
 }
 
+// A warp's staging row for rows of S and of the gradient that are not 16-byte aligned: the warp moves such
+// a row in coalesced pieces of 128 bytes, lane k holding columns k, k + 32, ..., and the staging row turns
+// that into lane k's 8 adjacent columns, or back. (Each lane reading and writing its own 8 floats one at a
+// time, each access 32 sectors for 128 bytes, took the backward from 1.30 to 4.8 ms at N = 250 on the H200.)
+struct Staging {
+  float4 v[2 * kWarp];  // a row of 256 floats
+};
+
 // A lane's 8 columns of S in row i (0 for columns past N, and past the row count), as two 16-byte loads
-// that leave L2 early (S is read once here).
+// that leave L2 early (S is read once here). Not ALIGNED: columns lane, lane + 32, ... (arrange_row then
+// gives the lane its own).
+template <bool ALIGNED>
 __device__ __forceinline__ void load_score_row(const float* Sb, int i, int rows, int N, int col, float (&v)[kRowCols]) {
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-  if (i < rows) {
-    const float* at = Sb + int64_t(i) * N + col;
-    if (col < N) a = __ldcs(reinterpret_cast<const float4*>(at));
-    if (col + 4 < N) b = __ldcs(reinterpret_cast<const float4*>(at + 4));
+  if constexpr (ALIGNED) {
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+    if (i < rows) {
+      const float* at = Sb + int64_t(i) * N + col;
+      if (col < N) a = __ldcs(reinterpret_cast<const float4*>(at));
+      if (col + 4 < N) b = __ldcs(reinterpret_cast<const float4*>(at + 4));
+    }
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    const float* row = Sb + int64_t(i) * N;
+    const int lane = col / kRowCols;
+#pragma unroll
+    for (int r = 0; r < kRowCols; ++r) {
+      const int c = r * kWarp + lane;
+      v[r] = i < rows && c < N ? __ldcs(row + c) : 0.0f;
+    }
   }
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// Not ALIGNED: a row as load_score_row loads it (columns lane, lane + 32, ...) becomes the lane's own 8.
+template <bool ALIGNED>
+__device__ __forceinline__ void arrange_row(float (&v)[kRowCols], Staging& st, int lane) {
+  if constexpr (!ALIGNED) {
+    float* f = reinterpret_cast<float*>(st.v);
+#pragma unroll
+    for (int r = 0; r < kRowCols; ++r) f[r * kWarp + lane] = v[r];
+    __syncwarp();
+    const float4 a = st.v[2 * lane], b = st.v[2 * lane + 1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    __syncwarp();  // read by every lane before the next row overwrites it
+  }
 }
 
 // A scan factor: G^(8d) 2^(s - sigma) for a lane d away whose scale is s, as one power of 2 (either
@@ -1647,14 +1683,16 @@ __device__ __forceinline__ void border_row(float (&U)[kRowCols], int& sig, int v
 // a strictly larger scaled key wins, and keys order as E does, across scales), and the kept rows. A pair
 // the scaled rows cannot hold is scored in log space instead and counted in *failed (the caller then
 // takes the DP table's path).
-template <bool MASKED>
+template <bool MASKED, bool ALIGNED>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     rows_forward_kernel(const float* S, const int64_t* qlen, const int64_t* tlen, const int64_t* order,
                         float* scores, int64_t* best_row, float* kept, float* boundary, int* failed, Consts<float> k,
                         int64_t B, int M, int N) {
+  __shared__ Staging staging_rows[ALIGNED ? 1 : kWarpsPerBlock];  // ALIGNED: unused
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;
   const int64_t b = order ? order[slot] : slot;
+  Staging& staging = staging_rows[ALIGNED ? 0 : threadIdx.x / kWarp];
   const RowsLane where(b, qlen, tlen, M, N);
   const int lane = where.lane, qn = where.qn, tn = where.tn, col = where.col, valid = where.valid;
   const RowConsts rc = row_consts(k);
@@ -1669,15 +1707,16 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const int rows = tn > 0 ? qn : 0;
   float ring[kRowsAhead][kRowCols];
 #pragma unroll
-  for (int u = 0; u < kRowsAhead; ++u) load_score_row(Sb, u, rows, N, col, ring[u]);
+  for (int u = 0; u < kRowsAhead; ++u) load_score_row<ALIGNED>(Sb, u, rows, N, col, ring[u]);
   for (int i0 = 0; i0 < rows; i0 += kRowsAhead) {
 #pragma unroll
     for (int u = 0; u < kRowsAhead; ++u) {
       const int i = i0 + u;
       if (i >= rows) break;  // the same for the whole warp
       float hi;
+      arrange_row<ALIGNED>(ring[u], staging, lane);
       row_step<MASKED>(U, sig, hi, ring[u], valid, lane, rc, ok);
-      load_score_row(Sb, i + kRowsAhead, rows, N, col, ring[u]);  // after its use: no copy of the slot
+      load_score_row<ALIGNED>(Sb, i + kRowsAhead, rows, N, col, ring[u]);  // after its use: no copy of the slot
       const long long key = scaled_key(sig, hi);
       if (valid > 0 && key > best_key) best_key = key, best_i = i;
       if ((i + 1) % kBandRows == 0 && i + 1 < rows)
@@ -1701,14 +1740,16 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   }
   // The scaled rows could not hold this pair: its score and best cell in log space (forward_tiles, as the
   // forward that keeps the table finds them, without the table), and the caller takes the table's path.
-  DenseGroups<8> src;
+  // Its rows of S as launch_dense reads them: in groups of 16-byte loads where aligned, else one at a time.
+  using Source = std::conditional_t<ALIGNED, DenseGroups<8>, DenseDirect<float, 4, source_depth(4, true)>>;
+  Source src;
   src.S = S, src.M = M, src.N = N;
   const Outputs<float> out{scores, nullptr, nullptr, nullptr};
   const InPlace<float> handoff{boundary ? boundary + b * M : nullptr};
   float best;
   int64_t at;
-  forward_tiles<float, 4, true, true, DenseGroups<8>, InPlace<float>, false, false>(Pair{b, qn, tn}, src, k, out, M, N,
-                                                                                   handoff, 0, 1, best, at);
+  forward_tiles<float, 4, true, true, Source, InPlace<float>, false, false>(Pair{b, qn, tn}, src, k, out, M, N, handoff,
+                                                                           0, 1, best, at);
   if (lane == 0) {
     scores[b] = best, best_row[b] = at < 0 ? -1 : at / N;
     atomicAdd(failed, 1);
@@ -1733,9 +1774,28 @@ __device__ __forceinline__ void get_row(const BandRows& sh, int slot, float (&U)
   sig = sh.sig[slot][lane];
 }
 
-__device__ __forceinline__ void store_gradient_row(float* at, const float (&g)[kRowCols], int col, int N) {
-  if (col < N) __stcs(reinterpret_cast<float4*>(at), make_float4(g[0], g[1], g[2], g[3]));
-  if (col + 4 < N) __stcs(reinterpret_cast<float4*>(at + 4), make_float4(g[4], g[5], g[6], g[7]));
+// The lane's 8 columns of a gradient row, at = the row + col. Not ALIGNED: through the staging row, and
+// stored in coalesced pieces (columns lane, lane + 32, ...).
+template <bool ALIGNED>
+__device__ __forceinline__ void store_gradient_row(float* at, const float (&g)[kRowCols], int col, int N,
+                                                   Staging& st) {
+  if constexpr (ALIGNED) {
+    if (col < N) __stcs(reinterpret_cast<float4*>(at), make_float4(g[0], g[1], g[2], g[3]));
+    if (col + 4 < N) __stcs(reinterpret_cast<float4*>(at + 4), make_float4(g[4], g[5], g[6], g[7]));
+  } else {
+    const int lane = col / kRowCols;
+    st.v[2 * lane] = make_float4(g[0], g[1], g[2], g[3]);
+    st.v[2 * lane + 1] = make_float4(g[4], g[5], g[6], g[7]);
+    __syncwarp();
+    const float* f = reinterpret_cast<const float*>(st.v);
+    float* row = at - col;
+#pragma unroll
+    for (int r = 0; r < kRowCols; ++r) {
+      const int c = r * kWarp + lane;
+      if (c < N) __stcs(row + c, f[c]);
+    }
+    __syncwarp();  // read by every lane before the next row overwrites it
+  }
 }
 
 // The adjoint's carry from one row to the row above: Ahat and w of the row below, and its sigma.
@@ -1747,10 +1807,10 @@ struct Below {
 // One row i of the adjoint (E of it and of the row above), from the row below: writes the gradient row and
 // makes `below` row i. SEED: the best cell's row, the first (nothing comes from below it): the seed g
 // enters as w from below-right of the best cell, at column seed_col of this lane (or -1).
-template <bool MASKED, bool SEED>
+template <bool MASKED, bool ALIGNED, bool SEED>
 __device__ __forceinline__ void adjoint_row(const float (&Er)[kRowCols], int sig_r, const float (&Eu)[kRowCols],
                                             int sig_u, Below& below, float seed, int seed_col, int valid, int lane,
-                                            const RowConsts& k, float* grad_row, int col, int N) {
+                                            const RowConsts& k, float* grad_row, int col, int N, Staging& st) {
   const float G = k.G;
   const float one = __int_as_float(max(127 - sig_r, 0) << 23);
   const float fsig = float(sig_r);
@@ -1797,7 +1857,7 @@ __device__ __forceinline__ void adjoint_row(const float (&Er)[kRowCols], int sig
     below.A[r] = a, below.w[r] = a * Q[r];
   }
   below.sig = sig_r;
-  store_gradient_row(grad_row, below.w, col, N);
+  store_gradient_row<ALIGNED>(grad_row, below.w, col, N, st);
 }
 
 // The first column of a row (this lane's E and sigma) that holds the row's largest value: the best cell's,
@@ -1822,16 +1882,18 @@ __device__ __forceinline__ int best_column(const float (&E)[kRowCols], int sig, 
   return column;
 }
 
-template <bool MASKED>
+template <bool MASKED, bool ALIGNED>
 __global__ void __launch_bounds__(kWarp* kRowsWarps)
     rows_backward_kernel(const float* grad_scores, const float* S, const float* kept, const int64_t* best_row,
                          const int64_t* qlen, const int64_t* tlen, const int64_t* order, float* grad_S,
                          Consts<float> k, int64_t B, int M, int N) {
   __shared__ BandRows shared_rows[kRowsWarps];
+  __shared__ Staging staging_rows[ALIGNED ? 1 : kRowsWarps];  // ALIGNED: unused
   const int64_t slot = int64_t(blockIdx.x) * kRowsWarps + threadIdx.x / kWarp;
   if (slot >= B) return;
   const int64_t b = order ? order[slot] : slot;
   BandRows& sh = shared_rows[threadIdx.x / kWarp];
+  Staging& staging = staging_rows[ALIGNED ? 0 : threadIdx.x / kWarp];
   const RowsLane where(b, qlen, tlen, M, N);
   const int lane = where.lane, qn = where.qn, tn = where.tn, col = where.col, valid = where.valid;
   const RowConsts rc = row_consts(k);
@@ -1843,7 +1905,7 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
   // Rows below the best cell's take nothing: zero (all rows where the score is the border).
   {
     const float zeros[kRowCols] = {};
-    for (int i = bi + 1; i < M; ++i) store_gradient_row(Gb + int64_t(i) * N, zeros, col, N);
+    for (int i = bi + 1; i < M; ++i) store_gradient_row<ALIGNED>(Gb + int64_t(i) * N, zeros, col, N, staging);
   }
   if (border) return;
   Below below;
@@ -1858,7 +1920,7 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
     else
       load_kept_row(kept_b + int64_t(band - 1) * kKeptRowFloats, U, sig, lane);
 #pragma unroll
-    for (int u = 0; u < kRowsAhead; ++u) load_score_row(Sb, r0 + u, r1, N, col, ring[u]);
+    for (int u = 0; u < kRowsAhead; ++u) load_score_row<ALIGNED>(Sb, r0 + u, r1, N, col, ring[u]);
   };
   load_band(bi / kBandRows);
   for (int band = bi / kBandRows; band >= 0; --band) {
@@ -1872,8 +1934,9 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
         const int i = i0 + u;
         if (i >= r1) break;
         float hi;
+        arrange_row<ALIGNED>(ring[u], staging, lane);
         row_step<MASKED>(U, sig, hi, ring[u], valid, lane, rc, ok);
-        load_score_row(Sb, i + kRowsAhead, r1, N, col, ring[u]);
+        load_score_row<ALIGNED>(Sb, i + kRowsAhead, r1, N, col, ring[u]);
         put_row(sh, i - r0 + 1, U, sig, lane);
       }
     }
@@ -1888,8 +1951,8 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
       int sig_u;
       get_row(sh, i - r0, Eu, sig_u, lane);
       const int seed_col = best_column<MASKED>(Er, sig_r, valid, lane) - col;  // in [0, 8) in its lane only
-      adjoint_row<MASKED, true>(Er, sig_r, Eu, sig_u, below, grad_scores[b], seed_col, valid, lane, rc,
-                                Gb + int64_t(i) * N, col, N);
+      adjoint_row<MASKED, ALIGNED, true>(Er, sig_r, Eu, sig_u, below, grad_scores[b], seed_col, valid, lane, rc,
+                                         Gb + int64_t(i) * N, col, N, staging);
 #pragma unroll
       for (int r = 0; r < kRowCols; ++r) Er[r] = Eu[r];
       sig_r = sig_u;
@@ -1899,8 +1962,8 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
       float Eu[kRowCols];
       int sig_u;
       get_row(sh, i - r0, Eu, sig_u, lane);
-      adjoint_row<MASKED, false>(Er, sig_r, Eu, sig_u, below, 0.0f, -1, valid, lane, rc, Gb + int64_t(i) * N, col,
-                                 N);
+      adjoint_row<MASKED, ALIGNED, false>(Er, sig_r, Eu, sig_u, below, 0.0f, -1, valid, lane, rc,
+                                          Gb + int64_t(i) * N, col, N, staging);
 #pragma unroll
       for (int r = 0; r < kRowCols; ++r) Er[r] = Eu[r];
       sig_r = sig_u;
@@ -2123,13 +2186,21 @@ cudaError_t sw_cuda_backward_f64(const Problem& pr, const double* grad_scores, c
 
 int sw_cuda_rows_width() { return kRowsWidth; }
 
+// Which case of a rows kernel takes a call (see MASKED and ALIGNED at kRowCols). The gradient comes from
+// at::empty, as aligned as S's rows are when N is a multiple of 4.
+template <class Kernel>
+static Kernel rows_kernel(const Problem& pr, const float* S, Kernel plain, Kernel masked, Kernel unaligned) {
+  if (pr.N % 4 != 0 || reinterpret_cast<uintptr_t>(S) % 16 != 0) return unaligned;
+  return pr.qlen || pr.tlen || pr.N % kRowCols != 0 ? masked : plain;
+}
+
 int64_t sw_cuda_rows_kept_floats(int64_t M) { return kept_rows(M) * kKeptRowFloats; }
 
 cudaError_t sw_cuda_rows_forward(const Problem& pr, const float* S, float* scores, int64_t* best_row, float* kept,
                                  float* boundary, int* failed, double gap, double t, cudaStream_t stream) {
   if (pr.B == 0) return cudaSuccess;
-  const bool masked = pr.qlen || pr.tlen || pr.N % kRowCols != 0;
-  auto kernel = masked ? rows_forward_kernel<true> : rows_forward_kernel<false>;
+  auto kernel = rows_kernel(pr, S, rows_forward_kernel<false, true>, rows_forward_kernel<true, true>,
+                            rows_forward_kernel<true, false>);
   kernel<<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(S, pr.qlen, pr.tlen, pr.order, scores, best_row, kept,
                                                                   boundary, failed, consts<float>(gap, t), pr.B,
                                                                   int(pr.M), int(pr.N));
@@ -2140,8 +2211,8 @@ cudaError_t sw_cuda_rows_backward(const Problem& pr, const float* grad_scores, c
                                   const int64_t* best_row, float* grad_S, double gap, double t, cudaStream_t stream) {
   if (pr.B == 0) return cudaSuccess;
   const unsigned blocks = unsigned((pr.B + kRowsWarps - 1) / kRowsWarps);
-  const bool masked = pr.qlen || pr.tlen || pr.N % kRowCols != 0;
-  auto kernel = masked ? rows_backward_kernel<true> : rows_backward_kernel<false>;
+  auto kernel = rows_kernel(pr, S, rows_backward_kernel<false, true>, rows_backward_kernel<true, true>,
+                            rows_backward_kernel<true, false>);
   kernel<<<blocks, kWarp * kRowsWarps, 0, stream>>>(grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S,
                                                     consts<float>(gap, t), pr.B, int(pr.M), int(pr.N));
   return cudaGetLastError();

@@ -69,9 +69,10 @@ cudaError_t sw_cuda_backward_f64(const Problem& pr, const double* grad_scores, c
                                  const double* table, const int64_t* best_at, double* grad_S,
                                  double* boundary, double gap, double t, int lane_columns,
                                  cudaStream_t stream);
-// The gradient by rows (float, t > 0, gap <= 0, N <= sw_cuda_rows_width(), N a multiple of 4, S 16-byte
-// aligned): the forward keeps sw_cuda_rows_kept_floats(M) floats per pair (every 8th row of the DP) instead
-// of the table, and the backward computes the rows between them again. rows_forward: scores (B,),
+// The gradient by rows (float, t > 0, gap <= 0, N <= sw_cuda_rows_width(); rows of S and of the gradient
+// in 16-byte accesses where N is a multiple of 4 and S 16-byte aligned, else through a staging row in
+// shared memory): the forward keeps sw_cuda_rows_kept_floats(M) floats per pair (every 8th row of the DP)
+// instead of the table, and the backward computes the rows between them again. rows_forward: scores (B,),
 // best_row (B,), the row of the first maximal cell in row-major order or -1 (the backward finds its
 // column), kept (B, sw_cuda_rows_kept_floats(M)), and *failed (on the device, zeroed by the caller) counts
 // the pairs whose rows the scaled space could not hold: those are scored in log space instead (with the

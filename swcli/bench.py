@@ -267,7 +267,8 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, both,
                     f"forward + backward: {both / rows[0].seconds:.2f}x the forward alone"))
     # the two halves, straight through the engine (no autograd, no gradient allocation by autograd): the
-    # gradient by rows that autograd takes here, and the DP table's path (the others: t = 0, float64, N > 256)
+    # gradient by rows that autograd takes here, and the DP table's path (the others: t = 0, float64, N > 256
+    # or narrow, see ops.ROWS_NARROWEST)
     kept_forward = cuda_seconds(lambda: engine.forward_rows(S, None, None, -1.0, 1.0), few, warmup=3)
     _, kept, best_row, failed = engine.forward_rows(S, None, None, -1.0, 1.0)
     kept_backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_row, None, None, -1.0, 1.0), few,

@@ -114,6 +114,26 @@ def _full(lengths: torch.Tensor | None, size: int, limit: int) -> torch.Tensor:
     return torch.full((size,), limit, dtype=torch.int64) if lengths is None else lengths
 
 
+# The narrowest N whose gradient goes by rows. A rows warp spans 256 columns whatever N is, where the
+# table's kernels take tiles of 128 columns and, with per-pair lengths, only the lengths' cells. Forward +
+# backward of 8192 x 256 x N at t = 1 on the H200 (docs/benchmarks/h200.md), by rows through autograd /
+# by the table's two engine calls: N = 100 2.30 / 1.36 ms, 128 1.78 / 1.36, 160 1.87 / 2.28, 200 1.99 /
+# 2.53, 256 2.06 / 2.80, 250 (rows of 1,000 bytes) 3.72 / 5.09. With lengths drawn from half the size
+# up: N = 160 2.24 / 1.76, 192 2.23 / 2.01, 250 3.52 / 3.80, 256 2.49 / 2.52 (a tie in time; the rows
+# keep 0.14 floats per cell, the table 1).
+ROWS_NARROWEST = 129
+ROWS_NARROWEST_WITH_LENGTHS = 193
+
+
+def _by_rows(engine, S: torch.Tensor, lengths: bool, gap: float, temperature: float) -> bool:
+    """Whether the gradient goes by rows: the engine takes the call (float32, t > 0, gap <= 0, N <= 256),
+    N is wide enough to gain from it (ROWS_NARROWEST), and no CUDA graph is being captured: the rows'
+    backward reads one int from the device (below), which a capture does not allow."""
+    narrowest = ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
+    return (engine.rows_take(S, gap, temperature) and S.shape[2] >= narrowest
+            and not torch.cuda.is_current_stream_capturing())
+
+
 def _forward(backend: str, S: torch.Tensor, qlen, tlen, gap: float, temperature: float, keep: bool):
     """(scores, what the backward needs) from a compiled engine: the DP table H, and on CUDA the
     position of the best cell, which the CPU engine finds again in its backward; or, for the gradient by
@@ -126,9 +146,8 @@ def _forward(backend: str, S: torch.Tensor, qlen, tlen, gap: float, temperature:
     engine = _engine("cuda")
     if not keep and qlen is None and tlen is None:  # the lean binding: small calls are host-bound
         return engine.scores(S, gap, temperature), None
-    # The gradient by rows: kept rows, not the table. Not while a CUDA graph is captured: its backward reads
-    # one int from the device (below), which a capture does not allow.
-    if keep and engine.rows_take(S, gap, temperature) and not torch.cuda.is_current_stream_capturing():
+    # The gradient by rows: kept rows, not the table.
+    if keep and _by_rows(engine, S, qlen is not None or tlen is not None, gap, temperature):
         scores, kept, best_row, failed = engine.forward_rows(S, qlen, tlen, gap, temperature)
         return scores, (kept, best_row, failed)
     scores, table, best_at = engine.forward(S, qlen, tlen, gap, temperature, keep, 0, True, None)
@@ -163,10 +182,10 @@ def prepare_backend(backend: str) -> None:
 
 class _SoftSmithWatermanFunction(torch.autograd.Function):
     """Compiled forward that keeps what the backward needs, and a hand-written backward. On CUDA, float32
-    scores at t > 0 with up to 256 columns go by rows: the forward keeps every 8th row of the DP (about
-    1/8 of a float per cell) and the backward computes the rows between again. Everything else keeps the
-    DP table (one float per cell) and sweeps it back with the softmax (t > 0) or argmax (t = 0) weights
-    of every cell."""
+    scores at t > 0 with 129 to 256 columns (193 to 256 with lengths) go by rows: the forward keeps every
+    8th row of the DP (about 1/8 of a float per cell) and the backward computes the rows between again.
+    Everything else keeps the DP table (one float per cell) and sweeps it back with the softmax (t > 0) or
+    argmax (t = 0) weights of every cell."""
 
     @staticmethod
     def forward(ctx, S, query_lengths, target_lengths, gap, temperature, backend):

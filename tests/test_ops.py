@@ -18,7 +18,7 @@ import torch
 from Bio.Align import substitution_matrices
 
 import swcli
-from swcli import _build
+from swcli import _build, ops
 from swcli.ops import soft_smith_waterman_codes
 from swcli.reference import SoftSmithWatermanReference, soft_smith_waterman_reference
 from testing import (
@@ -1202,8 +1202,9 @@ class TestCudaBackend:
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
         assert run.returncode == 0 and run.stdout.strip() == "raised", (run.returncode, run.stdout, run.stderr[-500:])
 
-    # -- the gradient by rows (float32, t > 0, gap <= 0, N <= 256 a multiple of 4: kernels/sw_cuda.cu), which
-    #    autograd takes there: every 8th row kept, the rows between computed again in the backward
+    # -- the gradient by rows (float32, t > 0, gap <= 0, N <= 256: kernels/sw_cuda.cu), which autograd takes
+    #    where it is faster (ops._by_rows): every 8th row kept, the rows between computed again in the
+    #    backward. The kernels' tests call the engine, so that narrow shapes go by rows too.
 
     ROWS_SHAPES = {
         "300x256 full": ((40, 300, 256), False),  # 38 bands, every lane full
@@ -1212,7 +1213,21 @@ class TestCudaBackend:
         "20x8 full": ((9, 20, 8), False),  # 31 lanes past N, on S = 0
         "70x132 lengths": ((30, 70, 132), True),
         "17x12": ((25, 17, 12), False),  # N not a multiple of 8: masked
+        "90x254": ((30, 90, 254), False),  # N not a multiple of 4: through the staging row
+        "45x250 lengths": ((50, 45, 250), True),
+        "33x7": ((20, 33, 7), False),
+        "1x1": ((5, 1, 1), False),
     }
+
+    @staticmethod
+    def rows_gradient(S, qlen, tlen, gap, t, grad_out):
+        """(scores, grad_S) of the engine's forward and backward by rows, asserting that the scaled rows
+        hold every pair (no table needed)."""
+        engine = _build.cuda_engine()
+        assert engine.rows_take(S, gap, t)
+        scores, kept, best_row, failed = engine.forward_rows(S, qlen, tlen, gap, t)
+        assert failed.item() == 0
+        return scores, engine.backward_rows(grad_out, S, kept, best_row, qlen, tlen, gap, t)
 
     @pytest.mark.parametrize("shape", list(ROWS_SHAPES))
     @pytest.mark.parametrize("gap, t", [(-1.0, 1.0), (0.0, 2.0), (-3.0, 0.5)])
@@ -1222,40 +1237,38 @@ class TestCudaBackend:
         qlen = random_lengths(B, M, seed=9991) if with_lengths else None
         tlen = random_lengths(B, N, seed=9992) if with_lengths else None
         cuda_lengths = [x.cuda() if x is not None else None for x in (qlen, tlen)]
-        engine = _build.cuda_engine()
-        assert engine.rows_take(S.cuda(), gap, t)
-        assert engine.forward_rows(S.cuda(), *cuda_lengths, gap, t)[3].item() == 0  # the scaled rows hold it
+        padded = S.clone()
+        if with_lengths:  # NaN in the padding changes nothing
+            padded[window_mask(B, M, N, qlen, tlen)] = float("nan")
         grad_out = random_scores((B,), seed=9993).abs() + 0.5
-        G = S.cuda().requires_grad_()
-        out = ssw(G, gap, t, *cuda_lengths)
-        (out * grad_out.cuda().float()).sum().backward()
+        out, grad = self.rows_gradient(padded.cuda(), *cuda_lengths, gap, t, grad_out.cuda().float())
         exact_S = S.double().requires_grad_()
         exact = ssw(exact_S, gap, t, qlen, tlen, backend="cpu")
         (exact * grad_out).sum().backward()
-        torch.testing.assert_close(out.detach().cpu().double(), exact.detach(), rtol=1e-6, atol=1e-4)
+        torch.testing.assert_close(out.cpu().double(), exact.detach(), rtol=1e-6, atol=1e-4)
         # measured: 1e-6 at most (the DP table's path: 2e-5)
-        torch.testing.assert_close(G.grad.cpu().double(), exact_S.grad, rtol=0, atol=1e-5)
-        assert (G.grad >= 0).all()
+        torch.testing.assert_close(grad.cpu().double(), exact_S.grad, rtol=0, atol=1e-5)
+        assert (grad >= 0).all()
         if with_lengths:
-            assert (G.grad.cpu()[window_mask(B, M, N, qlen, tlen)] == 0).all()
+            assert (grad.cpu()[window_mask(B, M, N, qlen, tlen)] == 0).all()
 
     def test_rows_gradient_goes_to_the_first_of_tied_best_cells(self):
-        # as test_gradient_goes_to_the_first_of_tied_best_cells, in float32 through the rows: two lone 5s
-        # give bit-identical best cells in rows 0 and 2; the first in row-major order takes the gradient
+        # as test_gradient_goes_to_the_first_of_tied_best_cells, in float32 by rows: two lone 5s give
+        # bit-identical best cells in rows 0 and 2; the first in row-major order takes the gradient
         S = torch.full((1, 3, 4), -1000.0, device=self.device)
         S[0, 0, 2] = S[0, 2, 0] = 5.0
-        assert _build.cuda_engine().rows_take(S, -1000.0, 1.0)
-        S.requires_grad_()
-        ssw(S, -1000.0, 1.0).sum().backward()
+        _, grad = self.rows_gradient(S, None, None, -1000.0, 1.0, torch.ones(1, device=self.device))
         expected = torch.zeros(1, 3, 4)
         expected[0, 0, 2] = 1.0 / (1.0 + math.exp(-5.0))
-        torch.testing.assert_close(S.grad.cpu(), expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(grad.cpu(), expected, rtol=0, atol=1e-6)
 
-    def test_rows_past_the_scaled_range_take_the_table(self):
+    @pytest.mark.parametrize("N", [200, 201], ids=["aligned", "unaligned"])
+    def test_rows_past_the_scaled_range_take_the_table(self, N):
         # A +150 spike (P = 2^216) leaves the scaled range: the rows' forward scores that pair in log space
-        # and counts it, and the backward takes the DP table's path for the batch.
-        S = random_scores((10, 50, 64), seed=9994, dtype=torch.float32)
+        # and counts it, and the op's backward takes the DP table's path for the batch.
+        S = random_scores((10, 50, N), seed=9994, dtype=torch.float32)
         S[3, 20, 30] = 150.0
+        assert ops._by_rows(_build.cuda_engine(), S.cuda(), False, -1.0, 1.0)
         assert _build.cuda_engine().forward_rows(S.cuda(), None, None, -1.0, 1.0)[3].item() == 1
         G = S.cuda().requires_grad_()
         out = ssw(G, -1.0, 1.0)
@@ -1268,28 +1281,39 @@ class TestCudaBackend:
 
     def test_which_gradients_go_by_rows(self):
         engine = _build.cuda_engine()
+        # what the engine can take
         S = torch.randn(3, 5, 12, device=self.device)
         assert engine.rows_take(S, -1.0, 1.0)
         assert not engine.rows_take(S.double(), -1.0, 1.0)  # float64: the table
         assert not engine.rows_take(S, -1.0, 0.0)  # t = 0: the table (argmax weights)
         assert not engine.rows_take(S, 0.5, 1.0)  # a positive gap: no scaled space
-        assert not engine.rows_take(torch.randn(3, 5, 260, device=self.device), -1.0, 1.0)  # past 256 columns
-        assert not engine.rows_take(torch.randn(3, 5, 10, device=self.device), -1.0, 1.0)  # rows of 40 bytes
-        shifted = torch.randn(3 * 5 * 12 + 1, device=self.device)[1:].view(3, 5, 12)  # contiguous, 4-byte aligned
-        assert not engine.rows_take(shifted, -1.0, 1.0)
-        transposed = S.transpose(1, 2).contiguous().transpose(1, 2)  # not contiguous: the rows of a copy
-        for x in (transposed, shifted):  # through the op all the same
+        assert not engine.rows_take(torch.randn(3, 5, 257, device=self.device), -1.0, 1.0)  # past 256 columns
+        # what the op sends there: N wide enough to gain (ops.ROWS_NARROWEST), wider with lengths
+        for N, lengths, by_rows in ((128, False, False), (129, False, True), (192, True, False), (193, True, True)):
+            assert ops._by_rows(engine, torch.zeros(2, 3, N, device=self.device), lengths, -1.0, 1.0) == by_rows
+        # Rows not 16-byte aligned go through a staging row: rows of 1,000 bytes, and a contiguous S 4 bytes
+        # past an aligned address (N a multiple of 8: the only unmasked case it changes); a non-contiguous S
+        # goes as an aligned copy. Through the op, against float64.
+        wide = torch.randn(3, 5, 250, device=self.device)
+        shifted = torch.randn(3 * 5 * 256 + 1, device=self.device)[1:].view(3, 5, 256)
+        transposed = torch.randn(3, 200, 5, device=self.device).transpose(1, 2)
+        for x in (wide, shifted, transposed):
+            assert ops._by_rows(engine, x, False, -1.0, 1.0)
             G = x.detach().requires_grad_()
             ssw(G, -1.0, 1.0).sum().backward()
             exact_S = x.detach().cpu().double().requires_grad_()
             ssw(exact_S, -1.0, 1.0, backend="cpu").sum().backward()
-            torch.testing.assert_close(G.grad.cpu().double(), exact_S.grad, rtol=0, atol=1e-4)
+            torch.testing.assert_close(G.grad.cpu().double(), exact_S.grad, rtol=0, atol=1e-5)
 
     def test_rows_gradient_of_empty_batches(self):
-        for shape in [(0, 3, 4), (2, 0, 4), (2, 3, 0)]:
-            S = torch.zeros(shape, device=self.device, requires_grad=True)
-            ssw(S, -1.0, 1.0).sum().backward()
-            assert S.grad.shape == shape and (S.grad == 0).all()
+        for shape in [(0, 3, 200), (2, 0, 200), (2, 3, 0)]:
+            S = torch.zeros(shape, device=self.device)
+            scores, grad = self.rows_gradient(S, None, None, -1.0, 1.0, torch.ones(shape[0], device=self.device))
+            assert scores.shape == (shape[0],) and (scores == 0).all()
+            assert grad.shape == shape and (grad == 0).all()
+            G = S.requires_grad_()
+            ssw(G, -1.0, 1.0).sum().backward()
+            assert G.grad.shape == shape and (G.grad == 0).all()
 
     # -- the scaled sweep (float at t > 0 with 4 columns per lane, dense and from codes, no DP table:
     #    kernels/sw_cuda.cu), and its fallback to the log-space sweep
@@ -1596,7 +1620,8 @@ class TestCudaBackend:
         # A training step captured whole. The rows' backward reads one int from the device, which a capture
         # does not allow, so under capture the op keeps the DP table (ops._forward); replayed on new
         # scores, the gradient is theirs.
-        static = random_scores((16, 32, 32), seed=9952, dtype=torch.float32, device=self.device).requires_grad_()
+        static = random_scores((16, 32, 160), seed=9952, dtype=torch.float32, device=self.device).requires_grad_()
+        assert ops._by_rows(_build.cuda_engine(), static, False, -1.0, 1.0)  # outside a capture
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -1608,7 +1633,7 @@ class TestCudaBackend:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             ssw(static, -1.0, 1.0).sum().backward()
-        fresh = random_scores((16, 32, 32), seed=9953, dtype=torch.float32)
+        fresh = random_scores((16, 32, 160), seed=9953, dtype=torch.float32)
         with torch.no_grad():
             static.copy_(fresh.cuda())
         graph.replay()

@@ -13,8 +13,10 @@
   forward: the seed in CUDA graph replay, the dense t = 1 forward and 10,000 real-length pairs from
            codes at t = 1 and 0, 20 calls each (medians of CUDA events): one line, to compare kernel
            variants of the forward.
-  rows:    the gradient by rows (dense float, 8192 x 256 x 256, t = 1): the forward alone, the rows'
-           forward and backward, and forward + backward through autograd, 10 calls each: one line.
+  rows [N [lengths]]: the gradient by rows (dense float, 8192 x 256 x N, N = 256 unless given, t = 1;
+           with `lengths`, random lengths from half the size up): the forward alone, the rows' forward
+           and backward, forward + backward through autograd, and the DP table's forward and backward
+           for comparison, 10 calls each: one line.
   gradient: swcli bench's dense rows (forward, forward + backward, the forward that keeps H, the
            backward) with 10 calls each, and a checksum of the gradient: one line, to compare kernel
            variants (tools/variants.sh).
@@ -140,31 +142,40 @@ def forward() -> None:
           + ", ".join(f"t={t:g} {s * 1e6:.1f} us ({batch.cells / s / 1e9:.1f} GCUPS)" for t, s in real.items()))
 
 
-def rows() -> None:
+def rows(N: str = "256", lengths: str = "") -> None:
     from swcli._build import cuda_engine
     from swcli.bench import cuda_seconds
 
     engine = cuda_engine()
     torch.manual_seed(0)
-    S = torch.randn(8192, 256, 256, device="cuda")
-    ones = torch.ones(8192, device="cuda")
-    alone = cuda_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0), 10)
-    forward = cuda_seconds(lambda: engine.forward_rows(S, None, None, -1.0, 1.0), 10)
-    _, kept, best_row, failed = engine.forward_rows(S, None, None, -1.0, 1.0)
-    backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_row, None, None, -1.0, 1.0), 10)
+    B, M, N = 8192, 256, int(N)
+    S = torch.randn(B, M, N, device="cuda")
+    q = torch.randint(M // 2, M + 1, (B,), device="cuda") if lengths else None
+    t = torch.randint(N // 2, N + 1, (B,), device="cuda") if lengths else None
+    ones = torch.ones(B, device="cuda")
+    alone = cuda_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0, q, t), 10)
+    forward = cuda_seconds(lambda: engine.forward_rows(S, q, t, -1.0, 1.0), 10)
+    _, kept, best_row, failed = engine.forward_rows(S, q, t, -1.0, 1.0)
+    backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_row, q, t, -1.0, 1.0), 10)
     X = S.clone().requires_grad_()
 
     def step():
         X.grad = None
-        swcli.soft_smith_waterman(X, -1.0, 1.0).sum().backward()
+        swcli.soft_smith_waterman(X, -1.0, 1.0, q, t).sum().backward()
 
     both = cuda_seconds(step, 10)
-    keeping = cuda_seconds(lambda: swcli.soft_smith_waterman(X, -1.0, 1.0), 10)
-    print(f"forward alone {alone * 1e3:.3f} ms; rows forward {forward * 1e3:.3f} ms, backward {backward * 1e3:.3f} ms; "
+    keeping = cuda_seconds(lambda: swcli.soft_smith_waterman(X, -1.0, 1.0, q, t), 10)
+    _, table, best_at = engine.forward(S, q, t, -1.0, 1.0, True, 0, True, None)
+    table_forward = cuda_seconds(lambda: engine.forward(S, q, t, -1.0, 1.0, True, 0, True, None), 10)
+    table_backward = cuda_seconds(lambda: engine.backward(ones, S, table, best_at, q, t, -1.0, 1.0, 0), 10)
+    print(f"N = {N}{' with lengths' if lengths else ''}: forward alone {alone * 1e3:.3f} ms; "
+          f"rows forward {forward * 1e3:.3f} ms, backward {backward * 1e3:.3f} ms; "
           f"forward + backward {both * 1e3:.3f} ms = {both / alone:.2f}x (autograd forward {keeping * 1e3:.3f} ms); "
-          f"failed {failed.item()}; gradient sum {X.grad.double().sum().item():.6f}")
+          f"failed {failed.item()}; gradient sum {X.grad.double().sum().item():.6f}; the table's forward "
+          f"{table_forward * 1e3:.3f} ms, backward {table_backward * 1e3:.3f} ms = "
+          f"{(table_forward + table_backward) / alone:.2f}x")
 
 
 if __name__ == "__main__":
     {"kernels": kernels, "train": train, "latency": latency, "steps": steps, "host": host,
-     "gradient": gradient, "forward": forward, "rows": rows}[sys.argv[1]]()
+     "gradient": gradient, "forward": forward, "rows": rows}[sys.argv[1]](*sys.argv[2:])
