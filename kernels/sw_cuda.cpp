@@ -337,9 +337,13 @@ std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const c10::optional
   return {scores, kept, best_row, failed};
 }
 
-// grad_S (B, M, N) from forward_rows' kept rows and best_row (a call whose failed count was 0).
+// grad_S (B, M, N) from forward_rows' kept rows, best_row and failed count; or, where that count is not 0
+// (some pair's rows left the scaled range), an undefined tensor (None): the caller then takes the DP
+// table's path. The count is read from the device last, just before the launch, with everything else
+// queued: the host's time between the forward's end and the backward's start is then the launch alone.
+// (Read first, in ops.py, it left 80 to 215 us between the two kernels on the H200, under torch.profiler.)
 at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
-                         const at::Tensor& best_row, const c10::optional<at::Tensor>& qlen,
+                         const at::Tensor& best_row, const at::Tensor& failed, const c10::optional<at::Tensor>& qlen,
                          const c10::optional<at::Tensor>& tlen, double gap, double temperature) {
   TORCH_CHECK(rows_take(S_in, gap, temperature), "the gradient by rows does not take these scores");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
@@ -347,7 +351,8 @@ at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, 
   TORCH_CHECK(error.empty(), error);
   TORCH_CHECK(kept.is_cuda() && kept.dim() == 2 && kept.size(0) == B && kept.size(1) == sw_cuda_rows_kept_floats(M) &&
                   kept.scalar_type() == at::kFloat && kept.is_contiguous() && best_row.is_cuda() &&
-                  best_row.numel() == B && best_row.scalar_type() == at::kLong && best_row.is_contiguous(),
+                  best_row.numel() == B && best_row.scalar_type() == at::kLong && best_row.is_contiguous() &&
+                  failed.is_cuda() && failed.numel() == 1 && failed.scalar_type() == at::kInt,
               "kept rows do not match the score matrix (they come from forward_rows)");
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
@@ -356,6 +361,7 @@ at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, 
   const at::Tensor grad = grad_scores.to(at::kFloat).contiguous();
   at::Tensor grad_S = at::empty({B, M, N}, S.options());  // the kernel writes every element
   if (M == 0 || N == 0) return grad_S;
+  if (failed.item<int>() != 0) return at::Tensor();
   SWCLI_CHECK_CUDA(sw_cuda_rows_backward(pr, grad.data_ptr<float>(), S.data_ptr<float>(), kept.data_ptr<float>(),
                                          best_row.data_ptr<int64_t>(), grad_S.data_ptr<float>(), gap, temperature,
                                          c10::cuda::getCurrentCUDAStream()),

@@ -77,7 +77,8 @@ cudaError_t sw_cuda_backward_f64(const Problem& pr, const double* grad_scores, c
 // column), kept (B, sw_cuda_rows_kept_floats(M)), and *failed (on the device, zeroed by the caller) counts
 // the pairs whose rows the scaled space could not hold: those are scored in log space instead (with the
 // boundary buffer (B, M) where N exceeds sw_cuda_tile_columns(4)), and their gradient needs the table's
-// path. rows_backward: grad_S (B, M, N), every element written, for a call whose *failed was 0.
+// path. rows_backward: grad_S (B, M, N), every element written, for a call whose *failed was 0 (the binding
+// reads it).
 int sw_cuda_rows_width();
 int64_t sw_cuda_rows_kept_floats(int64_t M);
 cudaError_t sw_cuda_rows_forward(const Problem& pr, const float* S, float* scores, int64_t* best_row, float* kept,

@@ -271,8 +271,8 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
     # or narrow, see ops.ROWS_NARROWEST)
     kept_forward = cuda_seconds(lambda: engine.forward_rows(S, None, None, -1.0, 1.0), few, warmup=3)
     _, kept, best_row, failed = engine.forward_rows(S, None, None, -1.0, 1.0)
-    kept_backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_row, None, None, -1.0, 1.0), few,
-                                 warmup=3)
+    kept_backward = cuda_seconds(
+        lambda: engine.backward_rows(ones, S, kept, best_row, failed, None, None, -1.0, 1.0), few, warmup=3)
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, kept_forward,
                     f"forward that keeps every 8th row (engine call); {failed.item()} pairs past the scaled range"))
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, kept_backward,

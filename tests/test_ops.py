@@ -1185,7 +1185,7 @@ class TestCudaBackend:
         "rows of float64": ("e.forward_rows(S.double(), None, None, -4.0, 1.0)",
                             "the gradient by rows takes float32 CUDA scores"),
         "rows at t = 0": ("e.forward_rows(S, None, None, -4.0, 0.0)", "the gradient by rows takes"),
-        "rows kept wrong": ("e.backward_rows(n.float(), S, S[0], n, None, None, -4.0, 1.0)",
+        "rows kept wrong": ("e.backward_rows(n.float(), S, S[0], n, n[:1].int(), None, None, -4.0, 1.0)",
                             "kept rows do not match the score matrix"),
     }
 
@@ -1227,7 +1227,7 @@ class TestCudaBackend:
         assert engine.rows_take(S, gap, t)
         scores, kept, best_row, failed = engine.forward_rows(S, qlen, tlen, gap, t)
         assert failed.item() == 0
-        return scores, engine.backward_rows(grad_out, S, kept, best_row, qlen, tlen, gap, t)
+        return scores, engine.backward_rows(grad_out, S, kept, best_row, failed, qlen, tlen, gap, t)
 
     @pytest.mark.parametrize("shape", list(ROWS_SHAPES))
     @pytest.mark.parametrize("gap, t", [(-1.0, 1.0), (0.0, 2.0), (-3.0, 0.5)])
@@ -1265,11 +1265,16 @@ class TestCudaBackend:
     @pytest.mark.parametrize("N", [200, 201], ids=["aligned", "unaligned"])
     def test_rows_past_the_scaled_range_take_the_table(self, N):
         # A +150 spike (P = 2^216) leaves the scaled range: the rows' forward scores that pair in log space
-        # and counts it, and the op's backward takes the DP table's path for the batch.
+        # and counts it, the rows' backward then gives None, and the op's backward takes the DP table's
+        # path for the batch.
         S = random_scores((10, 50, N), seed=9994, dtype=torch.float32)
         S[3, 20, 30] = 150.0
-        assert ops._by_rows(_build.cuda_engine(), S.cuda(), False, -1.0, 1.0)
-        assert _build.cuda_engine().forward_rows(S.cuda(), None, None, -1.0, 1.0)[3].item() == 1
+        engine = _build.cuda_engine()
+        assert ops._by_rows(engine, S.cuda(), False, -1.0, 1.0)
+        _, kept, best_row, failed = engine.forward_rows(S.cuda(), None, None, -1.0, 1.0)
+        assert failed.item() == 1
+        ones = torch.ones(10, device=self.device)
+        assert engine.backward_rows(ones, S.cuda(), kept, best_row, failed, None, None, -1.0, 1.0) is None
         G = S.cuda().requires_grad_()
         out = ssw(G, -1.0, 1.0)
         out.sum().backward()

@@ -156,7 +156,7 @@ def rows(N: str = "256", lengths: str = "") -> None:
     alone = cuda_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0, q, t), 10)
     forward = cuda_seconds(lambda: engine.forward_rows(S, q, t, -1.0, 1.0), 10)
     _, kept, best_row, failed = engine.forward_rows(S, q, t, -1.0, 1.0)
-    backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_row, q, t, -1.0, 1.0), 10)
+    backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_row, failed, q, t, -1.0, 1.0), 10)
     X = S.clone().requires_grad_()
 
     def step():
