@@ -1,10 +1,14 @@
-"""Compile the kernels in kernels/ with torch.utils.cpp_extension.load_inline, once per source hash.
+"""Compile the engines in kernels/cpu and kernels/cuda at first use, once per source hash, and load them.
 
-The build directory is named after a hash of everything that changes the binary (sources, flags, torch and
-Python versions, the CPU's instruction set, since we compile with -march=native), so a stale binary is
-never loaded and a rebuild happens only when something really changed. Builds are serialised by an
-fcntl lock that the kernel releases when a process dies, so a lock file left behind by a killed compile
-is recognised as stale and removed instead of making the next run hang.
+Each engine is a folder of C++/CUDA sources whose TORCH_LIBRARY_IMPL blocks register the CPU or CUDA
+kernels of the swcli operators (their schemas are defined in swcli/ops.py). torch.utils.cpp_extension.load
+compiles the folder's sources with ninja, in parallel, and loads the library into the process.
+
+The build directory is named after a hash of everything that changes the binary (every file of the folder,
+flags, torch and Python versions, the CPU's instruction set, since we compile with -march=native), so a
+stale binary is never loaded and a rebuild happens only when something really changed. Builds are
+serialised by an fcntl lock that the kernel releases when a process dies, so a lock file left behind by a
+killed compile is recognised as stale and removed instead of making the next run hang.
 """
 
 from __future__ import annotations
@@ -16,31 +20,38 @@ import os
 import platform
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from swcli._files import packaged_file
+from swcli._files import packaged_folder
 
 CPU_FLAGS = ["-O3", "-march=native", "-fopenmp"]
+SOURCE_SUFFIXES = (".cpp", ".cu")
+HEADER_SUFFIXES = (".h", ".cuh")
 
 
 class BuildError(RuntimeError):
     """A kernel could not be compiled or loaded (missing compiler, ninja, or a failed build)."""
 
 
-def kernel_source(filename: str) -> str:
-    """The text of kernels/<filename>, from the checkout or the installed package."""
-    try:
-        return packaged_file("kernels", filename).read_text()
-    except FileNotFoundError as exc:
-        raise BuildError(str(exc)) from None
+@dataclass(frozen=True)
+class Engine:
+    """A compiled engine, loaded into the process: its operators are reached through torch.ops.swcli."""
+
+    name: str  # the module name: the engine's name and the hash of what built it
+    library: Path  # the shared library loaded
 
 
-def kernel_directory() -> Path:
-    """The folder holding the kernels (for the headers the sources include)."""
+def engine_files(folder: str) -> list[Path]:
+    """The sources and headers of kernels/<folder>, sorted by name, from the checkout or the package."""
     try:
-        return packaged_file("kernels", "sw_cuda.h").parent
+        directory = packaged_folder("kernels", folder)
     except FileNotFoundError as exc:
         raise BuildError(str(exc)) from None
+    files = sorted(f for f in directory.iterdir() if f.suffix in SOURCE_SUFFIXES + HEADER_SUFFIXES)
+    if not any(f.suffix in SOURCE_SUFFIXES for f in files):
+        raise BuildError(f"kernels/{folder} in {directory} holds no source file")
+    return files
 
 
 def cache_root() -> Path:
@@ -92,25 +103,21 @@ def _remove_stale_torch_lock(build_dir: Path) -> None:
         stale.unlink()
 
 
-def build(name: str, sources: list[str], extra_cflags: list[str], extra_ldflags: list[str],
-          cuda_sources: tuple[str, ...] = (), extra_cuda_cflags: tuple[str, ...] = (),
-          headers: tuple[str, ...] = (), cuda_arch: str = ""):
-    """load_inline the given kernels/ files as one module; returns the loaded Python module.
+def build(name: str, folder: str, extra_cflags: list[str], extra_ldflags: list[str],
+          extra_cuda_cflags: tuple[str, ...] = (), cuda_arch: str = "") -> Engine:
+    """Compile every source of kernels/<folder> into one library and load it (cached by content).
 
-    C++ sources go to the host compiler, cuda_sources to nvcc for cuda_arch (e.g. "9.0"); headers are
-    kernels/ files they include, hashed with them.
+    .cpp files go to the host compiler, .cu files to nvcc for cuda_arch (e.g. "9.0"); the headers are
+    hashed with them.
     """
-    import inspect
-
     import torch
-    from torch.utils.cpp_extension import load_inline
+    from torch.utils.cpp_extension import load
 
-    text = [kernel_source(s) for s in sources]
-    cuda_text = [kernel_source(s) for s in cuda_sources]
-    header_text = [kernel_source(h) for h in headers]
+    files = engine_files(folder)
+    cuda = any(f.suffix == ".cu" for f in files)
     key = "\n".join(
-        [*text, *cuda_text, *header_text, *extra_cflags, *extra_ldflags, *extra_cuda_cflags, cuda_arch,
-         torch.__version__, str(torch.version.cuda), sys.version, _cpu_signature()]
+        [*(f"{f.name}\n{f.read_text()}" for f in files), *extra_cflags, *extra_ldflags, *extra_cuda_cflags,
+         cuda_arch, torch.__version__, str(torch.version.cuda), sys.version, _cpu_signature()]
     )
     module_name = f"swcli_{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     build_dir = cache_root() / module_name
@@ -120,6 +127,7 @@ def build(name: str, sources: list[str], extra_cflags: list[str], extra_ldflags:
     except OSError as exc:
         raise BuildError(f"cannot use the kernel cache {cache_root()} ({exc.strerror}); "
                          "point SWCLI_CACHE_DIR at a writable folder") from None
+    library = build_dir / f"{module_name}.so"
     with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -128,29 +136,28 @@ def build(name: str, sources: list[str], extra_cflags: list[str], extra_ldflags:
                   file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         _remove_stale_torch_lock(build_dir)
-        if not (build_dir / f"{module_name}.so").exists():
-            _check_toolchain(cuda=bool(cuda_sources))
+        if not library.exists():
+            _check_toolchain(cuda=cuda)
             print(
                 f"swcli: compiling the {name} engine (first use; takes about a minute) in {build_dir}",
                 file=sys.stderr,
                 flush=True,
             )
         options = {}
-        if cuda_sources:
-            options = dict(cuda_sources=cuda_text, extra_cuda_cflags=list(extra_cuda_cflags), with_cuda=True,
-                           extra_include_paths=[str(kernel_directory())])
-            if "no_implicit_headers" in inspect.signature(load_inline).parameters:
-                options["no_implicit_headers"] = True  # keep torch's headers out of nvcc's work
+        if cuda:
+            options = dict(extra_cuda_cflags=list(extra_cuda_cflags), with_cuda=True)
         saved_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
         try:
             if cuda_arch:
-                os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch  # load_inline turns it into -gencode flags
-            return load_inline(
+                os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch  # load turns it into -gencode flags
+            load(
                 name=module_name,
-                cpp_sources=text,
+                sources=[str(f) for f in files if f.suffix in SOURCE_SUFFIXES],
                 extra_cflags=extra_cflags,
                 extra_ldflags=extra_ldflags,
+                extra_include_paths=[str(files[0].parent)],
                 build_directory=str(build_dir),
+                is_python_module=False,
                 verbose=False,
                 **options,
             )
@@ -162,24 +169,23 @@ def build(name: str, sources: list[str], extra_cflags: list[str], extra_ldflags:
                     os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
                 else:
                     os.environ["TORCH_CUDA_ARCH_LIST"] = saved_arch
+    return Engine(module_name, library)
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_engine():
-    """The compiled CPU engine (kernels/sw_cpu.cpp): forward(S, qlen, tlen, gap, t, keep) and backward."""
-    return build("cpu", ["sw_cpu.cpp"], CPU_FLAGS, ["-fopenmp"])
+def cpu_engine() -> Engine:
+    """The CPU engine (kernels/cpu), compiled for this CPU and loaded."""
+    return build("cpu", "cpu", CPU_FLAGS, ["-fopenmp"])
 
 
 @functools.lru_cache(maxsize=None)
-def cuda_engine():
-    """The compiled CUDA engine (kernels/sw_cuda.cu + its binding kernels/sw_cuda.cpp), built for the
-    current device's architecture: forward, forward_codes, backward, empty_launch."""
+def cuda_engine() -> Engine:
+    """The CUDA engine (kernels/cuda), compiled for the current device's architecture and loaded."""
     import torch
 
     if not torch.cuda.is_available():
         raise BuildError("the CUDA engine needs a CUDA device, and torch sees none "
                          f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
     major, minor = torch.cuda.get_device_capability()
-    return build("cuda", ["sw_cuda.cpp"], ["-O3"], [], cuda_sources=("sw_cuda.cu",),
-                 extra_cuda_cflags=("-O3", "-std=c++17", "-lineinfo"), headers=("sw_cuda.h",),
+    return build("cuda", "cuda", ["-O3"], [], extra_cuda_cflags=("-O3", "-std=c++17", "-lineinfo"),
                  cuda_arch=f"{major}.{minor}")

@@ -1,8 +1,25 @@
-"""The functional op, its autograd.Function, the nn.Module, and backend dispatch.
+"""The op: the swcli operators' schemas and registration, argument checks, and the public functions.
 
 Layers, from the outside in: SoftSmithWaterman (nn.Module) -> soft_smith_waterman (checks arguments,
-picks the backend) -> _SoftSmithWatermanFunction (autograd) -> the compiled engine, or the reference loop.
-No backend ever falls back to another: a request that cannot run raises.
+computes half precision in float32) -> the registered operators torch.ops.swcli.* -> the CPU or the CUDA
+engine's kernel, which torch's dispatcher picks from the tensors' device. backend='reference' runs the
+Python loop instead. Nothing here branches on the engine: both take the same arguments and return the
+same values, and no backend ever falls back to another (a request that cannot run raises).
+
+The operators (one schema each, CPU kernels in kernels/cpu, CUDA kernels in kernels/cuda):
+
+* scores: the scores alone, for inference;
+* scores_codes: the scores of pairs of sequence codes, looked up in a substitution matrix as the engine
+  goes (the (B, M, N) score tensor is never built);
+* scores_counted, scores_codes_counted: the same, and a (1,) int32 count of the pairs that the scaled
+  sweep handed to log space (tests and tools);
+* forward: the scores and what the backward needs (a flat state, the best cell, a count of pairs that
+  left the scaled range); autograd is registered on it, with backward as its gradient;
+* empty_launch: an empty CUDA kernel behind a (B,) allocation, the launch-overhead yardstick of bench.
+
+Each has a fake kernel, so torch.compile, torch.export and meta tensors see one op with known shapes.
+The keyword-only arguments are the engines' knobs for tests and tools: lane_columns (CUDA: columns per
+lane, 0 = chosen by batch size) and scaled (allow the scaled-space sweep).
 """
 
 from __future__ import annotations
@@ -18,6 +35,170 @@ from swcli import _build
 from swcli.reference import soft_smith_waterman_reference
 
 BACKENDS = ("auto", "cuda", "cpu", "reference")
+
+_DENSE = ("(Tensor S, Tensor? query_lengths, Tensor? target_lengths, float gap, float temperature, "
+          "*, int lane_columns=0, bool scaled=True)")
+_CODES = ("(Tensor query, Tensor target, Tensor matrix, Tensor? query_lengths, Tensor? target_lengths, float gap, "
+          "float temperature, *, int lane_columns=0, bool scaled=True)")
+SCHEMAS = {
+    "scores": f"{_DENSE} -> Tensor",
+    "scores_counted": f"{_DENSE} -> (Tensor, Tensor)",
+    "scores_codes": f"{_CODES} -> Tensor",
+    "scores_codes_counted": f"{_CODES} -> (Tensor, Tensor)",
+    "forward": "(Tensor S, Tensor? query_lengths, Tensor? target_lengths, float gap, float temperature, "
+               "bool by_rows, *, int lane_columns=0, bool scaled=True) -> (Tensor, Tensor, Tensor, Tensor)",
+    "backward": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor failed, Tensor? query_lengths, "
+                "Tensor? target_lengths, float gap, float temperature, bool by_rows, *, int lane_columns=0) "
+                "-> Tensor",
+    "empty_launch": "(Tensor S) -> Tensor",
+}
+
+_LIBRARY = torch.library.Library("swcli", "DEF")
+for _name, _schema in SCHEMAS.items():
+    _LIBRARY.define(_name + _schema)
+
+# The overloads, looked up once: at small sizes the host's time per call sets the rate.
+_scores = torch.ops.swcli.scores.default
+_scores_codes = torch.ops.swcli.scores_codes.default
+_forward = torch.ops.swcli.forward.default
+_backward = torch.ops.swcli.backward.default
+
+
+# --------------------------------------------------------------------------------------------------
+# Engines: compiled at first use, loaded once per process.
+
+_ENGINES = ("cpu", "cuda")  # built by _build.cpu_engine and _build.cuda_engine
+_loaded: set[str] = set()
+_cuda_ready = False  # the seed's fast path below reads this one flag instead of the set
+
+
+def load_engine(device) -> None:
+    """Build (or load from the cache) the engine that serves tensors on `device` ('cpu', 'cuda' or a
+    torch.device), so its kernels are registered with the operators. Cheap once loaded."""
+    global _cuda_ready
+    kind = torch.device(device).type
+    if kind in _loaded:
+        return
+    if kind not in _ENGINES:
+        raise ValueError(f"swcli has no engine for {kind} tensors; use CPU or CUDA tensors, or backend='reference'")
+    getattr(_build, f"{kind}_engine")()
+    _loaded.add(kind)
+    _cuda_ready = "cuda" in _loaded
+
+
+def _load_engine_for(tensor: torch.Tensor) -> None:
+    """The engine of a tensor's device, before an operator call. A graph being compiled cannot build one;
+    the fake kernels (below) load it for the device the graph will run on."""
+    if not torch.compiler.is_compiling():
+        load_engine("cuda" if tensor.is_cuda else "cpu")
+
+
+def _load_engine_for_fake(device: torch.device) -> None:
+    # A fake kernel runs when a graph that calls the operator is traced (torch.compile, export): the
+    # graph will call the real kernel of this device, so its engine must be loaded by then.
+    if device.type in _ENGINES:
+        load_engine(device.type)
+
+
+@torch.library.register_fake("swcli::scores")
+def _scores_fake(S, query_lengths, target_lengths, gap, temperature, *, lane_columns=0, scaled=True):
+    _load_engine_for_fake(S.device)
+    return S.new_empty(S.shape[0])
+
+
+@torch.library.register_fake("swcli::scores_counted")
+def _scores_counted_fake(S, *args, **knobs):
+    return _scores_fake(S, *args, **knobs), S.new_empty(1, dtype=torch.int32)
+
+
+@torch.library.register_fake("swcli::scores_codes")
+def _scores_codes_fake(query, target, matrix, query_lengths, target_lengths, gap, temperature, *, lane_columns=0,
+                       scaled=True):
+    _load_engine_for_fake(query.device)
+    return query.new_empty(query.shape[0], dtype=torch.float32)
+
+
+@torch.library.register_fake("swcli::scores_codes_counted")
+def _scores_codes_counted_fake(query, *args, **knobs):
+    return _scores_codes_fake(query, *args, **knobs), query.new_empty(1, dtype=torch.int32)
+
+
+@torch.library.register_fake("swcli::forward")
+def _forward_fake(S, query_lengths, target_lengths, gap, temperature, by_rows, *, lane_columns=0, scaled=True):
+    _load_engine_for_fake(S.device)
+    # The state's size depends on the engine's plan (the CPU's table has a zero border, CUDA's table
+    # rounds its columns to the lanes, the rows keep every 8th row): only the engine knows it.
+    state_size = torch.library.get_ctx().new_dynamic_size()
+    B = S.shape[0]
+    return (S.new_empty(B), S.new_empty(state_size), S.new_empty(B, dtype=torch.int64),
+            S.new_empty(1, dtype=torch.int32))
+
+
+@torch.library.register_fake("swcli::backward")
+def _backward_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap, temperature, by_rows,
+                   *, lane_columns=0):
+    return S.new_empty(S.shape)
+
+
+@torch.library.register_fake("swcli::empty_launch")
+def _empty_launch_fake(S):
+    return S.new_empty(S.shape[0])
+
+
+def _save_for_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap, temperature, by_rows,
+                       lane_columns):
+    ctx.save_for_backward(S, query_lengths, target_lengths, state, best, failed)
+    # the backward reads the state with the forward's columns per lane
+    ctx.settings = (gap, temperature, by_rows, lane_columns)
+
+
+def _gradient(ctx, grad_scores):
+    """d score / d S: the soft-alignment posterior of the paths that end at the best cell, by the engine's
+    backward from what its forward kept."""
+    S, query_lengths, target_lengths, state, best, failed = ctx.saved_tensors
+    gap, temperature, by_rows, lane_columns = ctx.settings
+    return _backward(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap, temperature, by_rows,
+                     lane_columns=lane_columns)
+
+
+def _setup_forward_context(ctx, inputs, keyword_only_inputs, output):
+    S, query_lengths, target_lengths, gap, temperature, by_rows = inputs
+    _, state, best, failed = output
+    ctx.mark_non_differentiable(state, best, failed)
+    _save_for_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap, temperature, by_rows,
+                       keyword_only_inputs["lane_columns"])
+
+
+def _forward_gradient(ctx, grad_scores, _grad_state, _grad_best, _grad_failed):
+    return _gradient(ctx, grad_scores), None, None, None, None, None
+
+
+torch.library.register_autograd("swcli::forward", _forward_gradient, setup_context=_setup_forward_context)
+
+
+class _ForwardWithGradient(torch.autograd.Function):
+    """The registered autograd of the forward operator, as soft_smith_waterman calls it in eager mode: the
+    same saved tensors and backward, without the registered formula's cost on the host (the dispatcher
+    calls back into Python, which fills the schema's defaults and redispatches: about 30 us a call on a
+    CPU, where this takes 10). In forward + backward that time is the GPU's too: the rows' backward
+    waits for the forward before its launch, so the next step's host work finds the GPU idle. Compiled
+    graphs and direct calls of the operator take the registered formula."""
+
+    @staticmethod
+    def forward(ctx, S, query_lengths, target_lengths, gap, temperature, by_rows):
+        with torch._C._AutoDispatchBelowAutograd():
+            scores, state, best, failed = _forward(S, query_lengths, target_lengths, gap, temperature, by_rows)
+        _save_for_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap, temperature, by_rows, 0)
+        return scores
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_scores):
+        return _gradient(ctx, grad_scores), None, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks
 
 
 def _check_number(name: str, value) -> float:
@@ -42,29 +223,35 @@ def _check_lengths(name: str, lengths, size: int, device) -> torch.Tensor | None
 
 
 def _check_ranges(checks) -> None:
-    """checks: (values, error) pairs, error(lowest, highest) -> message or None. The smallest and largest
-    entry of every non-empty tensor come from the device in one round trip: each read waits for the
-    device, and with one wait per check the checks took 450 us of a 3,140 us call of 10,000 protein pairs
-    on the H200."""
-    checks = [(values, error) for values, error in checks if values.numel()]
+    """checks: (values, low, high, message): every entry of values must lie in [low, high]; message(lowest,
+    highest) says what is wrong, and message(None, None) the rule alone. The smallest and largest entry of every non-empty tensor come from the
+    device in one round trip, since each read waits for the device. A graph being compiled cannot read
+    the device: there each check is queued on it (torch._assert_async), and a failure stops the graph's
+    run with the message."""
+    checks = [check for check in checks if check[0].numel()]
     if not checks:
         return
-    extremes = torch.stack([x for values, _ in checks for x in torch.aminmax(values)]).tolist()
-    for k, (_, error) in enumerate(checks):
-        message = error(extremes[2 * k], extremes[2 * k + 1])
-        if message:
-            raise ValueError(message)
+    if torch.compiler.is_compiling():
+        for values, low, high, message in checks:
+            torch._assert_async(((values >= low) & (values <= high)).all(), message(None, None))
+        return
+    extremes = torch.stack([x for values, *_ in checks for x in torch.aminmax(values)]).tolist()
+    for k, (_, low, high, message) in enumerate(checks):
+        lowest, highest = extremes[2 * k], extremes[2 * k + 1]
+        if lowest < low or highest > high:
+            raise ValueError(message(lowest, highest))
 
 
-def _length_range(name: str, limit: int, dim: str):
-    """The error of lengths outside [0, limit] (for _check_ranges)."""
-    return lambda low, high: (f"{name} must lie in [0, {limit}] ({dim} of the score matrix), got min {low}, "
-                              f"max {high}" if low < 0 or high > limit else None)
+def _length_range(name: str, values: torch.Tensor, limit: int, dim: str):
+    """The check that lengths lie in [0, limit] (for _check_ranges)."""
+    rule = f"{name} must lie in [0, {limit}] ({dim} of the score matrix)"
+    return values, 0, limit, lambda low, high: rule if low is None else f"{rule}, got min {low}, max {high}"
 
 
-def _code_range(name: str, K: int):
-    """The error of codes past a K x K matrix (for _check_ranges)."""
-    return lambda low, high: f"{name} holds code {high}, outside the {K} x {K} matrix" if high >= K else None
+def _code_range(name: str, codes: torch.Tensor, K: int):
+    """The check that codes index a K x K matrix (for _check_ranges)."""
+    return codes, 0, K - 1, lambda low, high: (f"{name} holds a code outside the {K} x {K} matrix" if high is None
+                                               else f"{name} holds code {high}, outside the {K} x {K} matrix")
 
 
 def _resolve_backend(backend: str, tensor: torch.Tensor) -> str:
@@ -85,8 +272,8 @@ def _resolve_backend(backend: str, tensor: torch.Tensor) -> str:
 def _check_arguments(gap, temperature, backend: str, tensor: torch.Tensor, shape: tuple[int, int, int],
                      query_lengths, target_lengths, ranges=()):
     """The checks both entry points share: (gap, temperature, resolved backend, qlen, tlen). `tensor`
-    is the input whose device the lengths must match; `ranges` are the caller's own (values, error)
-    checks, read from the device with the lengths' (see _check_ranges)."""
+    is the input whose device the lengths must match; `ranges` are the caller's own range checks, read
+    from the device with the lengths' (see _check_ranges)."""
     gap = _check_number("gap", gap)
     temperature = _check_number("temperature", temperature)
     if temperature < 0:
@@ -97,112 +284,45 @@ def _check_arguments(gap, temperature, backend: str, tensor: torch.Tensor, shape
     tlen = _check_lengths("target_lengths", target_lengths, B, tensor.device)
     ranges = list(ranges)
     if qlen is not None:
-        ranges.append((qlen, _length_range("query_lengths", M, "M")))
+        ranges.append(_length_range("query_lengths", qlen, M, "M"))
     if tlen is not None:
-        ranges.append((tlen, _length_range("target_lengths", N, "N")))
+        ranges.append(_length_range("target_lengths", tlen, N, "N"))
     _check_ranges(ranges)
     return gap, temperature, backend, qlen, tlen
-
-
-def _engine(backend: str):
-    """The compiled engine of a backend, built on first use (see _build)."""
-    return _build.cpu_engine() if backend == "cpu" else _build.cuda_engine()
-
-
-def _full(lengths: torch.Tensor | None, size: int, limit: int) -> torch.Tensor:
-    """The CPU engine takes explicit lengths: None becomes `limit` for every pair."""
-    return torch.full((size,), limit, dtype=torch.int64) if lengths is None else lengths
-
-
-# The narrowest N whose gradient goes by rows. A rows warp spans 256 columns whatever N is, where the
-# table's kernels take tiles of 128 columns and, with per-pair lengths, only the lengths' cells. Forward +
-# backward of 8192 x 256 x N at t = 1 on the H200 (docs/benchmarks/h200.md), by rows through autograd /
-# by the table's two engine calls: N = 100 2.30 / 1.36 ms, 128 1.78 / 1.36, 160 1.87 / 2.28, 200 1.99 /
-# 2.53, 256 2.06 / 2.80, 250 (rows of 1,000 bytes) 3.72 / 5.09. With lengths drawn from half the size
-# up: N = 160 2.24 / 1.76, 192 2.23 / 2.01, 250 3.52 / 3.80, 256 2.49 / 2.52 (a tie in time; the rows
-# keep 0.14 floats per cell, the table 1).
-ROWS_NARROWEST = 129
-ROWS_NARROWEST_WITH_LENGTHS = 193
-
-
-def _by_rows(engine, S: torch.Tensor, lengths: bool, gap: float, temperature: float) -> bool:
-    """Whether the gradient goes by rows: the engine takes the call (float32, t > 0, gap <= 0, N <= 256),
-    N is wide enough to gain from it (ROWS_NARROWEST), and no CUDA graph is being captured: the rows'
-    backward reads one int from the device (below), which a capture does not allow."""
-    narrowest = ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
-    return (engine.rows_take(S, gap, temperature) and S.shape[2] >= narrowest
-            and not torch.cuda.is_current_stream_capturing())
-
-
-def _forward(backend: str, S: torch.Tensor, qlen, tlen, gap: float, temperature: float, keep: bool):
-    """(scores, what the backward needs) from a compiled engine: the DP table H, and on CUDA the
-    position of the best cell, which the CPU engine finds again in its backward; or, for the gradient by
-    rows (CUDA), the kept rows, the best cell's row and the count of pairs that need the table instead."""
-    if backend == "cpu":
-        B, M, N = S.shape
-        scores, dp = _engine("cpu").forward(S, _full(qlen, B, M), _full(tlen, B, N), gap, temperature, keep,
-                                            True, None)
-        return scores, (dp,)
-    engine = _engine("cuda")
-    if not keep and qlen is None and tlen is None:  # the lean binding: small calls are host-bound
-        return engine.scores(S, gap, temperature), None
-    # The gradient by rows: kept rows, not the table.
-    if keep and _by_rows(engine, S, qlen is not None or tlen is not None, gap, temperature):
-        scores, kept, best_row, failed = engine.forward_rows(S, qlen, tlen, gap, temperature)
-        return scores, (kept, best_row, failed)
-    scores, table, best_at = engine.forward(S, qlen, tlen, gap, temperature, keep, 0, True, None)
-    return scores, (table, best_at)
-
-
-def _backward(backend: str, grad, S, state, qlen, tlen, gap: float, temperature: float) -> torch.Tensor:
-    if backend == "cpu":
-        B, M, N = S.shape
-        return _engine("cpu").backward(grad, S, *state, _full(qlen, B, M), _full(tlen, B, N), gap, temperature)
-    engine = _engine("cuda")
-    if len(state) == 3:  # the gradient by rows (sw_cuda.h)
-        kept, best_row, failed = state
-        # The engine reads the forward's count of failed pairs (one int from the device) after it has
-        # queued everything but the kernel's launch. Read after the launch, while the backward runs, the
-        # count left the host behind the device at the end (the autograd engine's work then no longer
-        # overlaps the kernel): forward + backward took 2.47 instead of 2.04 ms on the H200 (8192 x 256 x 256).
-        grad_S = engine.backward_rows(grad, S, kept, best_row, failed, qlen, tlen, gap, temperature)
-        if grad_S is not None:
-            return grad_S
-        # Some pair's rows left the scaled range (its score came from log space): the DP table's path for
-        # the batch, its table computed now.
-        _, table, best_at = engine.forward(S, qlen, tlen, gap, temperature, True, 0, True, None)
-        state = (table, best_at)
-    return engine.backward(grad, S, *state, qlen, tlen, gap, temperature, 0)
 
 
 def prepare_backend(backend: str) -> None:
     """Build (or load) the engine behind a resolved backend now, so a first compile or a build error
     comes before any output rather than in the middle of it."""
     if backend != "reference":
-        _engine(backend)
+        load_engine(backend)
 
 
-class _SoftSmithWatermanFunction(torch.autograd.Function):
-    """Compiled forward that keeps what the backward needs, and a hand-written backward. On CUDA, float32
-    scores at t > 0 with 129 to 256 columns (193 to 256 with lengths) go by rows: the forward keeps every
-    8th row of the DP (about 1/8 of a float per cell) and the backward computes the rows between again.
-    Everything else keeps the DP table (one float per cell) and sweeps it back with the softmax (t > 0) or
-    argmax (t = 0) weights of every cell."""
+# --------------------------------------------------------------------------------------------------
+# The gradient's scheme
 
-    @staticmethod
-    def forward(ctx, S, query_lengths, target_lengths, gap, temperature, backend):
-        scores, state = _forward(backend, S, query_lengths, target_lengths, gap, temperature, True)
-        ctx.save_for_backward(S, query_lengths, target_lengths, *state)
-        ctx.gap, ctx.temperature, ctx.backend = gap, temperature, backend
-        return scores
+# The gradient by rows (CUDA; docs/design.md): the forward keeps every 8th row of the DP instead of the
+# table, and the backward computes the rows between again. A rows warp spans ROWS_WIDEST columns whatever
+# N is, where the table's kernels take tiles of 128 columns and, with per-pair lengths, only the lengths'
+# cells: below these widths the table is faster (docs/benchmarks/h200.md).
+ROWS_WIDEST = 256
+ROWS_NARROWEST = 129
+ROWS_NARROWEST_WITH_LENGTHS = 193
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_scores):
-        S, query_lengths, target_lengths, *state = ctx.saved_tensors
-        grad_S = _backward(ctx.backend, grad_scores, S, state, query_lengths, target_lengths, ctx.gap,
-                           ctx.temperature)
-        return grad_S, None, None, None, None, None
+
+def gradient_by_rows(S: torch.Tensor, lengths: bool, gap: float, temperature: float) -> bool:
+    """Whether the gradient of this call goes by rows: float32 CUDA scores at t > 0 with gap <= 0, N
+    between ROWS_NARROWEST (with lengths ROWS_NARROWEST_WITH_LENGTHS) and ROWS_WIDEST, and no CUDA graph
+    being captured or compiled: the rows' backward reads one int from the device (how many pairs left
+    the scaled range), which a capture does not allow, and a compiled graph may be replayed as one."""
+    narrowest = ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
+    return (S.is_cuda and S.dtype is torch.float32 and temperature > 0 and gap <= 0
+            and narrowest <= S.shape[2] <= ROWS_WIDEST and not torch.compiler.is_compiling()
+            and not torch.cuda.is_current_stream_capturing())
+
+
+# --------------------------------------------------------------------------------------------------
+# The public functions
 
 
 def soft_smith_waterman(
@@ -220,13 +340,14 @@ def soft_smith_waterman(
     backend: 'auto' (CUDA for GPU tensors, else the compiled CPU engine), 'cuda', 'cpu', or 'reference'
     (the Python loop). float16/bfloat16 are computed in float32; the result has the input's dtype.
     """
-    if (type(gap) is float and type(temperature) is float and query_lengths is None and target_lengths is None
-            and backend == "auto" and type(score_matrix) is torch.Tensor and score_matrix.is_cuda
-            and score_matrix.dtype is torch.float32 and score_matrix.dim() == 3 and not score_matrix.requires_grad
-            and temperature >= 0 and math.isfinite(gap) and math.isfinite(temperature)):
+    if (_cuda_ready and type(gap) is float and type(temperature) is float and query_lengths is None
+            and target_lengths is None and backend == "auto" and type(score_matrix) is torch.Tensor
+            and score_matrix.is_cuda and score_matrix.dtype is torch.float32 and score_matrix.dim() == 3
+            and not score_matrix.requires_grad and temperature >= 0 and math.isfinite(gap)
+            and math.isfinite(temperature)):
         # Inference on full float32 pairs on the GPU, every argument checked as below but in fewer
-        # steps: at small sizes (the seed) the host's time per call sets the rate.
-        return _build.cuda_engine().scores(score_matrix, gap, temperature)
+        # steps: at small sizes (the seed's) the host's time per call sets the rate.
+        return _scores(score_matrix, None, None, gap, temperature)
     if not isinstance(score_matrix, torch.Tensor):
         raise ValueError(f"score_matrix must be a torch.Tensor, got {type(score_matrix).__name__}")
     if score_matrix.dim() != 3:
@@ -242,10 +363,16 @@ def soft_smith_waterman(
         S = S.float()
     if backend == "reference":
         scores = soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
-    elif torch.is_grad_enabled() and S.requires_grad:
-        scores = _SoftSmithWatermanFunction.apply(S, qlen, tlen, gap, temperature, backend)
-    else:  # no gradient: no DP table, and none of autograd's overhead (it counts at small sizes)
-        scores, _ = _forward(backend, S, qlen, tlen, gap, temperature, False)
+    else:
+        _load_engine_for(S)
+        if torch.is_grad_enabled() and S.requires_grad:
+            by_rows = gradient_by_rows(S, qlen is not None or tlen is not None, gap, temperature)
+            if torch.compiler.is_compiling():
+                scores = _forward(S, qlen, tlen, gap, temperature, by_rows)[0]
+            else:
+                scores = _ForwardWithGradient.apply(S, qlen, tlen, gap, temperature, by_rows)
+        else:  # no gradient: no DP table, and none of autograd's overhead (it counts at small sizes)
+            scores = _scores(S, qlen, tlen, gap, temperature)
     return scores if S is score_matrix else scores.to(dtype)
 
 
@@ -280,7 +407,7 @@ def soft_smith_waterman_codes(
     B, M = query_codes.shape
     gap, temperature, backend, qlen, tlen = _check_arguments(
         gap, temperature, backend, query_codes, (B, M, target_codes.shape[1]), query_lengths, target_lengths,
-        ((query_codes, _code_range("query_codes", K)), (target_codes, _code_range("target_codes", K))))
+        (_code_range("query_codes", query_codes, K), _code_range("target_codes", target_codes, K)))
     return score_checked_codes(query_codes, target_codes, matrix.to(query_codes.device), gap, temperature, qlen,
                                tlen, backend)
 
@@ -291,16 +418,11 @@ def score_checked_codes(query_codes, target_codes, matrix, gap: float, temperatu
     device, or None) and matrix (on that device) are valid by construction: the pipeline's batches. On
     CUDA the checks wait for the device (the largest code, the lengths' range), and in the pipeline's
     scoring thread each wait can also wait for the GIL."""
-    B, M = query_codes.shape
     if backend == "reference":
         S = matrix[query_codes.long()[:, :, None], target_codes.long()[:, None, :]]
         return soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
-    if backend == "cpu":
-        return _engine("cpu").forward_codes(query_codes, target_codes, _full(qlen, B, M),
-                                            _full(tlen, B, target_codes.shape[1]), matrix, gap, temperature,
-                                            True, None)
-    return _engine("cuda").forward_codes(query_codes, target_codes, qlen, tlen, matrix, gap, temperature, 0, True,
-                                         None)
+    _load_engine_for(query_codes)
+    return _scores_codes(query_codes, target_codes, matrix, qlen, tlen, gap, temperature)
 
 
 class SoftSmithWaterman(nn.Module):

@@ -1,5 +1,5 @@
-// The interface between the CUDA kernels (sw_cuda.cu, compiled by nvcc) and their torch binding
-// (sw_cuda.cpp): raw pointers and a stream, so the .cu needs no torch headers.
+// The interface between the CUDA kernels (the .cu files beside this header, compiled by nvcc) and
+// their torch binding (ops.cpp): raw pointers and a stream, so the .cu files need no torch headers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,8 +23,8 @@ int64_t sw_cuda_table_columns(int64_t N, int lane_columns);
 // zero border, in the kernels' own wavefront order, and best_at (B,), the row-major index of the first
 // maximal cell or -1, for the backward (which takes the same lane_columns). lane_columns is 1 or 4.
 // With scaled, float scores without a table at t > 0 with 4 columns per lane are computed in scaled
-// exponential space (see the .cu); log_pairs, if not null, counts on the device the pairs of such a
-// call scored in log space instead.
+// exponential space (see forward_scaled.cuh); log_pairs, if not null, counts on the device the pairs of
+// such a call scored in log space instead.
 cudaError_t sw_cuda_forward_f32(const Problem& pr, const float* S, float* scores, float* table,
                                 int64_t* best_at, float* boundary, double gap, double t, int lane_columns,
                                 cudaStream_t stream, bool scaled, int* log_pairs);
@@ -50,13 +50,13 @@ cudaError_t sw_cuda_coop_count(const int* work, const int64_t* order, int64_t ma
 
 // Scores (B,) of uint8 code pairs (B, M), (B, N) looked up in a K x K float32 matrix. lane_columns is
 // 1, 4 or 8; with 8 and t > 0 the kernel takes 4 where the scaled sweep cannot hold 8 (see kWideLimit
-// in the .cu), so boundary and relay buffers are sized for 4. With 4 or 8, a pair whose target is not
-// longer than its query may be scored transposed, the target as the rows (see transposes in the .cu):
-// the boundary buffer (B, M) is then needed once max(M, N) exceeds a tile. relaying may be null (then one
-// warp per pair); it needs lengths and an order. With allow_scaled, t > 0 and 4 or 8 columns
-// per lane, pairs are scored in scaled exponential space where the matrix allows it (see the .cu);
-// log_pairs, if not null, counts on the device the pairs of such a call scored in log space instead.
-// shared_limit: the device's shared memory per block (opt-in), in bytes.
+// in forward_scaled.cuh), so boundary and relay buffers are sized for 4. With 4 or 8, a pair whose
+// target is not longer than its query may be scored transposed, the target as the rows (see transposes
+// in common.cuh): the boundary buffer (B, M) is then needed once max(M, N) exceeds a tile. relaying may
+// be null (then one warp per pair); it needs lengths and an order. With allow_scaled, t > 0 and 4 or 8
+// columns per lane, pairs are scored in scaled exponential space where the matrix allows it (see
+// stage_matrix in forward_codes.cu); log_pairs, if not null, counts on the device the pairs of such a
+// call scored in log space instead. shared_limit: the device's shared memory per block (opt-in), in bytes.
 cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const uint8_t* target,
                                   const float* matrix, int K, float* scores, float* boundary, double gap,
                                   double t, int lane_columns, cudaStream_t stream, const Relaying* relaying,

@@ -1,18 +1,22 @@
-// Torch binding of the CUDA engine (kernels/sw_cuda.cu): checks, allocations, the current stream.
-// Launches go on c10::cuda::getCurrentCUDAStream(), so the op works on side streams and inside CUDA graph
-// capture; nothing here synchronises with the device.
-#include <torch/extension.h>
+// The CUDA engine's kernels for the swcli operators (schemas in swcli/ops.py): checks, allocations, the
+// current stream. The kernels behind it are declared in engine.h. Launches go on
+// c10::cuda::getCurrentCUDAStream(), so the op works on side streams and inside CUDA graph capture; only
+// the gradient by rows reads from the device (one int, in backward), which is why the op never takes it
+// while a graph is captured.
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
 
-#include "sw_cuda.h"
+#include <string>
+#include <tuple>
+
+#include "engine.h"
 
 // Every failed check's message is one string, built with std::string and std::to_string, never from
-// several parts given to TORCH_CHECK: on the H200 machine of docs/benchmarks/h200.md (torch 2.11, CUDA
-// 13) such a message (c10::str, which formats through std::ostringstream) ended the process with
-// SIGSEGV instead of raising, while every check with a single string raised (tests/test_ops.py,
-// test_engine_bad_arguments_raise, and a load_inline probe). The helpers below return what they found,
-// and the bound functions raise.
+// several parts given to TORCH_CHECK: with torch 2.11 and CUDA 13 such a message (c10::str, which formats
+// through std::ostringstream) ended the process with SIGSEGV instead of raising, while every check with a
+// single string raised. The helpers below return what they found, and the entry points raise.
 #define SWCLI_CHECK_CUDA(call, what)                                                                    \
   do {                                                                                                \
     const cudaError_t swcli_err = (call);                                                             \
@@ -44,7 +48,7 @@ int lane_columns_for(int64_t B, int64_t requested, bool codes) {
   return B < int64_t(sms) * 8 ? 1 : (codes ? 8 : 4);
 }
 
-// Pairs of at least this many rows x column tiles share a block of warps (see Relay in sw_cuda.cu):
+// Pairs of at least this many rows x column tiles share a block of warps (see Relay in forward_log.cuh):
 // below it, one warp per pair finishes within the time of the rest of a typical batch.
 constexpr int64_t kRelayMinWork = 2048;
 
@@ -54,7 +58,7 @@ struct Lengths {
 };
 
 // Whether the lengths given are contiguous int64 tensors of shape (B,) on the device.
-bool lengths_allowed(const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen, int64_t B,
+bool lengths_allowed(const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen, int64_t B,
                      const at::Device& device) {
   for (const auto* x : {&qlen, &tlen})
     if (x->has_value() && !((*x)->device() == device && (*x)->scalar_type() == at::kLong && (*x)->dim() == 1 &&
@@ -67,7 +71,7 @@ bool lengths_allowed(const c10::optional<at::Tensor>& qlen, const c10::optional<
 // pair of codes oriented as the kernels of R columns per lane orient it. The work comes from one kernel,
 // in int32, whose sort takes half the passes of int64: before, a dozen torch ops and the int64 sort put
 // 87 us between the engine call and its kernel, of 2,684 us for 10,000 protein pairs (H200).
-Lengths lengths_for(const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen,
+Lengths lengths_for(const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
                     int64_t B, int64_t M, int64_t N, const at::Device& device, int R, int64_t tile_columns,
                     bool codes) {
   Lengths l;
@@ -108,8 +112,8 @@ struct Plan {
 };
 
 // What is wrong with a batch's sizes, lengths or lane_columns, or "" (for the bound functions to raise).
-std::string batch_error(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& qlen,
-                        const c10::optional<at::Tensor>& tlen, const at::Device& device, int64_t lane_columns,
+std::string batch_error(int64_t B, int64_t M, int64_t N, const std::optional<at::Tensor>& qlen,
+                        const std::optional<at::Tensor>& tlen, const at::Device& device, int64_t lane_columns,
                         bool codes) {
   if (M >= INT32_MAX || N >= INT32_MAX)
     return "the CUDA engine takes up to 2^31 - 2 rows and columns, got " + std::to_string(M) + " x " +
@@ -123,8 +127,8 @@ std::string batch_error(int64_t B, int64_t M, int64_t N, const c10::optional<at:
 }
 
 // The plan of a batch that batch_error passed.
-Plan plan_for(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& qlen,
-              const c10::optional<at::Tensor>& tlen, int64_t lane_columns, const at::TensorOptions& values,
+Plan plan_for(int64_t B, int64_t M, int64_t N, const std::optional<at::Tensor>& qlen,
+              const std::optional<at::Tensor>& tlen, int64_t lane_columns, const at::TensorOptions& values,
               bool codes = false) {
   Plan plan;
   plan.R = lane_columns_for(B, lane_columns, codes);
@@ -133,18 +137,18 @@ Plan plan_for(int64_t B, int64_t M, int64_t N, const c10::optional<at::Tensor>& 
   plan.lengths = lengths_for(qlen, tlen, B, M, N, values.device(), plan.R, plan.tile, codes);
   plan.pr = problem(B, M, N, plan.lengths);
   // pairs of codes in lanes of 4 or 8 columns may be transposed: columns up to max(M, N), rows up to M
-  // (see sw_cuda.h)
+  // (see engine.h)
   plan.boundary = boundary_for(B, M, codes && plan.R >= 4 ? std::max(M, N) : N, plan.tile, values);
   return plan;
 }
 
 // Whether the counter of pairs scored in log space (see forward), if any, is a (1,) int32 tensor there.
-bool counter_allowed(const c10::optional<at::Tensor>& counter, const at::Tensor& like) {
+bool counter_allowed(const std::optional<at::Tensor>& counter, const at::Tensor& like) {
   return !counter.has_value() || (counter->is_cuda() && counter->device() == like.device() &&
                                   counter->scalar_type() == at::kInt && counter->numel() == 1);
 }
 
-int* counter_or_null(const c10::optional<at::Tensor>& counter) {
+int* counter_or_null(const std::optional<at::Tensor>& counter) {
   return counter.has_value() ? counter->data_ptr<int>() : nullptr;
 }
 
@@ -155,16 +159,14 @@ T* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
-}  // namespace
-
 // (scores (B,), H (B, M, N) or None, best_at (B,) or None). S: float32 or float64 on a CUDA device.
 // scaled: allow the scaled sweeps (float, t > 0, no DP table; with 1-column lanes, pairs of one column
 // tile); log_pairs: a (1,) int32 CUDA tensor to which the kernel adds the number of pairs it scored in log
 // space instead.
-std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::Tensor>& qlen,
-                                        const c10::optional<at::Tensor>& tlen, double gap, double temperature,
+std::vector<at::Tensor> forward(const at::Tensor& S_in, const std::optional<at::Tensor>& qlen,
+                                        const std::optional<at::Tensor>& tlen, double gap, double temperature,
                                         bool keep_dp_table, int64_t lane_columns, bool scaled,
-                                        const c10::optional<at::Tensor>& log_pairs) {
+                                        const std::optional<at::Tensor>& log_pairs) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
               std::string("the CUDA engine takes float32 or float64, got ") + c10::toString(S_in.scalar_type()));
@@ -208,9 +210,9 @@ std::vector<at::Tensor> forward(const at::Tensor& S_in, const c10::optional<at::
 // scaled: allow the scaled sweep (t > 0, 4 columns per lane); log_pairs: a (1,) int32 CUDA tensor to
 // which the kernel adds the number of such pairs it scored in log space instead (tests, bench).
 at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in,
-                                 const c10::optional<at::Tensor>& qlen, const c10::optional<at::Tensor>& tlen,
+                                 const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
                                  const at::Tensor& matrix_in, double gap, double temperature, int64_t lane_columns,
-                                 bool scaled, const c10::optional<at::Tensor>& log_pairs) {
+                                 bool scaled, const std::optional<at::Tensor>& log_pairs) {
   TORCH_CHECK(query_in.is_cuda() && target_in.is_cuda() && matrix_in.is_cuda(),
               "the CUDA engine needs codes and matrix on a CUDA device");
   TORCH_CHECK(query_in.dim() == 2 && target_in.dim() == 2 && query_in.size(0) == target_in.size(0) &&
@@ -262,8 +264,8 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
 
 // d scores / d S (B, M, N) from the forward's table and best_at.
 at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& table,
-                            const at::Tensor& best_at, const c10::optional<at::Tensor>& qlen,
-                            const c10::optional<at::Tensor>& tlen, double gap, double temperature,
+                            const at::Tensor& best_at, const std::optional<at::Tensor>& qlen,
+                            const std::optional<at::Tensor>& tlen, double gap, double temperature,
                             int64_t lane_columns) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
@@ -298,7 +300,7 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   return grad_S;
 }
 
-// Whether the gradient by rows (sw_cuda.h) takes this call: float32, t > 0, gap <= 0, N up to the rows'
+// Whether the gradient by rows (engine.h) takes this call: float32, t > 0, gap <= 0, N up to the rows'
 // width (any N: rows not 16-byte aligned go through a staging row in shared memory). The op sends a
 // call here only where it gains (ops._by_rows).
 bool rows_take(const at::Tensor& S, double gap, double temperature) {
@@ -307,9 +309,9 @@ bool rows_take(const at::Tensor& S, double gap, double temperature) {
 }
 
 // (scores (B,), kept (B, kept floats), best_row (B,), failed (1,) int32): the forward of the gradient by rows
-// (sw_cuda.h). failed counts on the device the pairs that need the DP table's path instead.
-std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const c10::optional<at::Tensor>& qlen,
-                                     const c10::optional<at::Tensor>& tlen, double gap, double temperature) {
+// (engine.h). failed counts on the device the pairs that need the DP table's path instead.
+std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const std::optional<at::Tensor>& qlen,
+                                     const std::optional<at::Tensor>& tlen, double gap, double temperature) {
   TORCH_CHECK(rows_take(S_in, gap, temperature),
               "the gradient by rows takes float32 CUDA scores (B, M, N) with N <= " +
                   std::to_string(sw_cuda_rows_width()) + ", t > 0 and gap <= 0");
@@ -343,8 +345,8 @@ std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const c10::optional
 // queued: the host's time between the forward's end and the backward's start is then the launch alone.
 // (Read first, in ops.py, it left 80 to 215 us between the two kernels on the H200, under torch.profiler.)
 at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
-                         const at::Tensor& best_row, const at::Tensor& failed, const c10::optional<at::Tensor>& qlen,
-                         const c10::optional<at::Tensor>& tlen, double gap, double temperature) {
+                         const at::Tensor& best_row, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                         const std::optional<at::Tensor>& tlen, double gap, double temperature) {
   TORCH_CHECK(rows_take(S_in, gap, temperature), "the gradient by rows does not take these scores");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
@@ -369,13 +371,7 @@ at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, 
   return grad_S;
 }
 
-// The call of inference on full pairs (no lengths, no DP table), with the fewest arguments and results
-// for pybind11 to convert: small batches are bound by the host's time per call.
-at::Tensor scores(const at::Tensor& S, double gap, double temperature) {
-  return forward(S, c10::nullopt, c10::nullopt, gap, temperature, false, 0, true, c10::nullopt)[0];
-}
-
-// The yardstick: allocate a (B,) result like the forward does, and launch an empty kernel.
+// The yardstick of `swcli bench`: allocate a (B,) result like the forward does, and launch an empty kernel.
 at::Tensor empty_launch(const at::Tensor& S) {
   TORCH_CHECK(S.is_cuda() && S.dim() == 3, "needs a 3-D CUDA tensor");
   at::Tensor out = at::empty({S.size(0)}, S.options());
@@ -383,13 +379,98 @@ at::Tensor empty_launch(const at::Tensor& S) {
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward, "soft Smith-Waterman scores (and the DP table for backward)");
-  m.def("scores", &scores, "forward without lengths or DP table: the scores alone");
-  m.def("forward_codes", &forward_codes, "scores of code pairs looked up in a substitution matrix");
-  m.def("backward", &backward, "gradient of the scores with respect to the score matrix");
-  m.def("rows_take", &rows_take, "whether the gradient by rows takes these scores");
-  m.def("forward_rows", &forward_rows, "the forward of the gradient by rows: scores and kept rows");
-  m.def("backward_rows", &backward_rows, "the gradient by rows, from forward_rows");
-  m.def("empty_launch", &empty_launch, "an empty kernel launch, for the launch-overhead yardstick");
+
+// ---------------------------------------------------------------------------------------------------
+// The registered entry points (schemas in swcli/ops.py).
+
+// scores and scores_codes, and their counted variants, which return the number of pairs the scaled sweep
+// handed to log space (tests, tools) instead of writing it into an argument: an operator that mutates an
+// argument is not functional, and torch.compile's lowering of such an operator failed.
+at::Tensor op_scores(const at::Tensor& S, const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
+                     double gap, double temperature, int64_t lane_columns, bool scaled) {
+  return forward(S, qlen, tlen, gap, temperature, false, lane_columns, scaled, std::nullopt)[0];
+}
+
+std::tuple<at::Tensor, at::Tensor> op_scores_counted(const at::Tensor& S, const std::optional<at::Tensor>& qlen,
+                                                     const std::optional<at::Tensor>& tlen, double gap,
+                                                     double temperature, int64_t lane_columns, bool scaled) {
+  TORCH_CHECK(S.is_cuda(), "the CUDA engine needs a 3-D CUDA tensor");
+  const c10::cuda::CUDAGuard guard(S.device());
+  at::Tensor log_pairs = at::zeros({1}, S.options().dtype(at::kInt));
+  at::Tensor scores = forward(S, qlen, tlen, gap, temperature, false, lane_columns, scaled, log_pairs)[0];
+  return {scores, log_pairs};
+}
+
+at::Tensor op_scores_codes(const at::Tensor& query, const at::Tensor& target, const at::Tensor& matrix,
+                           const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen, double gap,
+                           double temperature, int64_t lane_columns, bool scaled) {
+  return forward_codes(query, target, qlen, tlen, matrix, gap, temperature, lane_columns, scaled, std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor> op_scores_codes_counted(const at::Tensor& query, const at::Tensor& target,
+                                                           const at::Tensor& matrix,
+                                                           const std::optional<at::Tensor>& qlen,
+                                                           const std::optional<at::Tensor>& tlen, double gap,
+                                                           double temperature, int64_t lane_columns, bool scaled) {
+  TORCH_CHECK(matrix.is_cuda(), "the CUDA engine needs codes and matrix on a CUDA device");
+  const c10::cuda::CUDAGuard guard(matrix.device());
+  at::Tensor log_pairs = at::zeros({1}, matrix.options().dtype(at::kInt));
+  at::Tensor scores = forward_codes(query, target, qlen, tlen, matrix, gap, temperature, lane_columns, scaled, log_pairs);
+  return {scores, log_pairs};
+}
+
+// (scores, state, best, failed): by rows, state is the kept rows, best the best cell's row and failed the
+// count of pairs that need the table; by the table, state is the DP table, best the best cell's index
+// and failed 0. The state is flat: its size depends on the plan (columns per lane), which only the engine
+// knows, and only the engine's backward reads it.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> op_forward(
+    const at::Tensor& S, const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen, double gap,
+    double temperature, bool by_rows, int64_t lane_columns, bool scaled) {
+  (void)scaled;  // the forward that keeps a table is computed in log space (engine.h)
+  if (by_rows) {
+    TORCH_CHECK(lane_columns == 0, "the gradient by rows takes lane_columns 0 (its lanes hold 8 columns)");
+    std::vector<at::Tensor> r = forward_rows(S, qlen, tlen, gap, temperature);
+    return {r[0], r[1].reshape({-1}), r[2], r[3]};
+  }
+  std::vector<at::Tensor> r = forward(S, qlen, tlen, gap, temperature, true, lane_columns, true, std::nullopt);
+  return {r[0], r[1].reshape({-1}), r[2], at::zeros({1}, S.options().dtype(at::kInt))};
+}
+
+at::Tensor op_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                       const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                       const std::optional<at::Tensor>& tlen, double gap, double temperature, bool by_rows,
+                       int64_t lane_columns) {
+  TORCH_CHECK(S.is_cuda() && S.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
+  const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
+  if (by_rows) {
+    TORCH_CHECK(lane_columns == 0, "the gradient by rows takes lane_columns 0 (its lanes hold 8 columns)");
+    TORCH_CHECK(state.dim() == 1 && state.numel() == B * sw_cuda_rows_kept_floats(M),
+                "kept rows do not match the score matrix (they come from forward with by_rows)");
+    at::Tensor grad_S = backward_rows(grad_scores, S, state.view({B, sw_cuda_rows_kept_floats(M)}), best, failed,
+                                      qlen, tlen, gap, temperature);
+    if (grad_S.defined()) return grad_S;
+    // Some pair's rows left the scaled range (its score came from log space): the DP table's path for
+    // the batch, its table computed now.
+    std::vector<at::Tensor> r = forward(S, qlen, tlen, gap, temperature, true, 0, true, std::nullopt);
+    return backward(grad_scores, S, r[1], r[2], qlen, tlen, gap, temperature, 0);
+  }
+  TORCH_CHECK(lane_columns_allowed(lane_columns, false),
+              "lane_columns must be 0 (automatic), 1 or 4, got " + std::to_string(lane_columns));
+  const int R = lane_columns_for(B, lane_columns, false);
+  const int64_t columns = sw_cuda_table_columns(N, R);
+  TORCH_CHECK(state.dim() == 1 && state.numel() == B * M * columns,
+              "the DP table does not match the score matrix (it comes from forward with the same lane_columns)");
+  return backward(grad_scores, S, state.view({B, M, columns}), best, qlen, tlen, gap, temperature, lane_columns);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(swcli, CUDA, m) {
+  m.impl("scores", &op_scores);
+  m.impl("scores_counted", &op_scores_counted);
+  m.impl("scores_codes", &op_scores_codes);
+  m.impl("scores_codes_counted", &op_scores_codes_counted);
+  m.impl("forward", &op_forward);
+  m.impl("backward", &op_backward);
+  m.impl("empty_launch", &empty_launch);
 }

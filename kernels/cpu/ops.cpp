@@ -1,0 +1,279 @@
+// The CPU kernels of the swcli operators: argument checks, tensors in and out, and the registration
+// under the dispatcher's CPU key. The schemas are defined in Python (swcli/ops.py); this file only
+// implements them, so a kernel's C++ signature must follow its schema's argument order.
+//
+// Every TORCH_CHECK message is one std::string: a message built from several parts once crashed a
+// process instead of raising.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "backward.h"
+#include "forward_log.h"
+#include "forward_scaled.h"
+#include "simd.h"
+#include "sources.h"
+
+namespace swcli_cpu {
+namespace {
+
+constexpr const char* kCounterError = "log_pairs must be a (1,) int32 tensor on the inputs' device (the CPU)";
+
+// The CUDA engine's tuning knob; the CPU engine has none, so anything but "automatic" is a mistake.
+void check_lane_columns(int64_t lane_columns) {
+  TORCH_CHECK(lane_columns == 0,
+              "lane_columns is a CUDA setting: on the CPU it must be 0, got " + std::to_string(lane_columns));
+}
+
+// A double as printf's %g writes it (std::to_string's fixed six decimals would print 1e-9 as 0.000000).
+std::string number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", x);
+  return text;
+}
+
+void check_temperature(double temperature) {
+  TORCH_CHECK(temperature >= 0, "temperature must be >= 0, got " + number(temperature));
+}
+
+void check_scores(const at::Tensor& S) {
+  TORCH_CHECK(S.dim() == 3, "score matrix must be 3-D (B, M, N), got " + std::to_string(S.dim()) + "-D");
+  TORCH_CHECK(S.device().is_cpu(), "the CPU engine needs a CPU tensor");
+  TORCH_CHECK(S.scalar_type() == at::kFloat || S.scalar_type() == at::kDouble,
+              "the CPU engine takes float32 or float64, got " + std::string(c10::toString(S.scalar_type())));
+}
+
+// The lengths the kernels read: `given` as a contiguous int64 (B,) tensor whose values lie in
+// [0, limit], or `limit` for every pair when absent. The kernels index S and the codes by these lengths,
+// so the range is checked here, whatever the caller checked before.
+at::Tensor lengths_or_full(const std::optional<at::Tensor>& given, int64_t B, int64_t limit, const std::string& name,
+                           const std::string& dim) {
+  if (!given.has_value()) return at::full({B}, limit, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor& lengths = *given;
+  TORCH_CHECK(lengths.device().is_cpu() && lengths.scalar_type() == at::kLong && lengths.dim() == 1 &&
+                  lengths.size(0) == B,
+              name + " must be an int64 CPU tensor of shape (" + std::to_string(B) + ",)");
+  at::Tensor out = lengths.contiguous();
+  const int64_t* value = out.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(value[b] >= 0 && value[b] <= limit, name + " must lie in [0, " + dim + "] (" + dim + " = " +
+                                                         std::to_string(limit) + "), got " + std::to_string(value[b]));
+  }
+  return out;
+}
+
+void check_counter(const std::optional<at::Tensor>& counter) {
+  if (!counter.has_value()) return;
+  TORCH_CHECK(counter->device().is_cpu() && counter->scalar_type() == at::kInt && counter->numel() == 1,
+              kCounterError);
+}
+
+// The pairs of a call scored in log space after the scaled sweep, added to the (1,) int32 counter.
+void add_log_pairs(const std::optional<at::Tensor>& counter, int64_t pairs) {
+  if (!counter.has_value()) return;
+  *counter->data_ptr<int32_t>() += static_cast<int32_t>(pairs);
+}
+
+template <typename T>
+DenseSource<T> dense_source(const at::Tensor& S, const at::Tensor& tlen) {
+  return DenseSource<T>{S.data_ptr<T>(), S.stride(0), S.stride(1), S.stride(2), tlen.data_ptr<int64_t>(),
+                        {}};
+}
+
+// Scores (B,) of dense S, and with keep_dp_table its DP table H (B, M+1, N+1), else an empty tensor.
+// scaled: allow the scaled sweep (float32 at t > 0).
+std::tuple<at::Tensor, at::Tensor> dense_forward(const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
+                                                 const std::optional<at::Tensor>& target_lengths, double gap,
+                                                 double temperature, int64_t lane_columns, bool keep_dp_table,
+                                                 bool scaled, const std::optional<at::Tensor>& log_pairs) {
+  check_lane_columns(lane_columns);
+  check_scores(S);
+  check_temperature(temperature);
+  check_counter(log_pairs);
+  const at::Tensor qlen = lengths_or_full(query_lengths, S.size(0), S.size(1), "query_lengths", "M");
+  const at::Tensor tlen = lengths_or_full(target_lengths, S.size(0), S.size(2), "target_lengths", "N");
+  const Problem pr{S.size(0), S.size(1), S.size(2), qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
+  at::Tensor scores = at::zeros({pr.B}, S.options());
+  at::Tensor dp = keep_dp_table ? at::zeros({pr.B, pr.M + 1, pr.N + 1}, S.options()) : at::empty({0}, S.options());
+  int64_t to_log = 0;
+  AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "swcli_cpu_forward", [&] {
+    const auto t = static_cast<scalar_t>(temperature);
+    const DenseSource<scalar_t> source = dense_source<scalar_t>(S, tlen);
+    if constexpr (std::is_same<scalar_t, float>::value) {
+      if (scaled_applies(scaled, gap, temperature)) {
+        forward_scaled<false>(pr, source, source, static_cast<float>(gap), t, scores.data_ptr<float>(),
+                              keep_dp_table ? dp.data_ptr<float>() : nullptr, to_log);
+        return;
+      }
+    }
+    forward_all<scalar_t>(pr, source, static_cast<scalar_t>(gap), t, scores.data_ptr<scalar_t>(),
+                          keep_dp_table ? dp.data_ptr<scalar_t>() : nullptr);
+  });
+  add_log_pairs(log_pairs, to_log);
+  return {scores, dp};
+}
+
+at::Tensor scores_cpu(const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
+                      const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
+                      int64_t lane_columns, bool scaled, const std::optional<at::Tensor>& log_pairs) {
+  return std::get<0>(dense_forward(S, query_lengths, target_lengths, gap, temperature, lane_columns, false, scaled,
+                                   log_pairs));
+}
+
+// (scores, state, best, failed) as the CUDA engine returns them. The CPU backward needs only the DP
+// table (state, flattened) and finds the best cell again, so best is -1 everywhere and failed is 0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward_cpu(
+    const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
+    const std::optional<at::Tensor>& target_lengths, double gap, double temperature, bool by_rows,
+    int64_t lane_columns, bool scaled) {
+  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
+  auto [scores, dp] =
+      dense_forward(S, query_lengths, target_lengths, gap, temperature, lane_columns, true, scaled, std::nullopt);
+  at::Tensor best = at::full({S.size(0)}, -1, at::TensorOptions().dtype(at::kLong));
+  at::Tensor failed = at::zeros({1}, at::TensorOptions().dtype(at::kInt));
+  return {scores, dp.reshape(-1), best, failed};
+}
+
+// Scores (B,) float32 of pairs given as uint8 codes (B, M) and (B, N) into a K x K matrix.
+at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, const at::Tensor& matrix,
+                            const std::optional<at::Tensor>& query_lengths,
+                            const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
+                            int64_t lane_columns, bool scaled, const std::optional<at::Tensor>& log_pairs) {
+  check_lane_columns(lane_columns);
+  TORCH_CHECK(query.dim() == 2 && target.dim() == 2 && query.size(0) == target.size(0) &&
+                  query.dtype() == at::kByte && target.dtype() == at::kByte && query.device().is_cpu() &&
+                  target.device().is_cpu(),
+              "codes must be uint8 CPU tensors of shapes (B, M) and (B, N)");
+  TORCH_CHECK(matrix.dim() == 2 && matrix.size(0) == matrix.size(1) && matrix.size(0) <= 256 &&
+                  matrix.device().is_cpu(),
+              "the substitution matrix must be a square CPU tensor of at most 256 x 256");
+  check_temperature(temperature);
+  check_counter(log_pairs);
+  const at::Tensor qlen = lengths_or_full(query_lengths, query.size(0), query.size(1), "query_lengths", "M");
+  const at::Tensor tlen = lengths_or_full(target_lengths, target.size(0), target.size(1), "target_lengths", "N");
+  const at::Tensor q = query.contiguous(), t = target.contiguous();
+  const int64_t K = matrix.size(0);
+  if (q.numel() > 0) TORCH_CHECK(q.max().item<int64_t>() < K, "a query code is outside the matrix");
+  if (t.numel() > 0) TORCH_CHECK(t.max().item<int64_t>() < K, "a target code is outside the matrix");
+  const at::Tensor table = matrix.to(at::kFloat).contiguous();
+  const Problem pr{q.size(0), q.size(1), t.size(1), qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
+  at::Tensor scores = at::zeros({pr.B}, matrix.options().dtype(at::kFloat));
+  const CodeSource source{q.data_ptr<uint8_t>(), t.data_ptr<uint8_t>(), pr.M, pr.N, K,
+                          tlen.data_ptr<int64_t>(), table.data_ptr<float>(), {}};
+  // The scaled sweep's table of powers 2^(m c), rounded once, where every one is at most 2^60 (a NaN
+  // or a huge entry keeps the whole call in log space).
+  std::vector<float> powers;
+  if (scaled_applies(scaled, gap, temperature)) {
+    const double c = log2e_over<float>(temperature);
+    const float* m = table.data_ptr<float>();
+    powers.resize(K * K);
+    for (int64_t x = 0; x < K * K; ++x) {
+      powers[x] = static_cast<float>(std::exp2(double(m[x]) * c));
+      if (!(powers[x] <= 0x1p60f)) {
+        powers.clear();
+        break;
+      }
+    }
+  }
+  int64_t to_log = 0;
+  if (!powers.empty()) {
+    CodeSource with_powers = source;
+    with_powers.matrix = powers.data();
+    forward_scaled<true>(pr, with_powers, source, static_cast<float>(gap), static_cast<float>(temperature),
+                         scores.data_ptr<float>(), nullptr, to_log);
+  } else {
+    forward_all<float>(pr, source, static_cast<float>(gap), static_cast<float>(temperature),
+                       scores.data_ptr<float>(), nullptr);
+  }
+  add_log_pairs(log_pairs, to_log);
+  return scores;
+}
+
+// grad_S (B, M, N) from forward_cpu's state (the DP table, flattened); best and failed are the CUDA
+// engine's and unused here.
+at::Tensor backward_cpu(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                        const at::Tensor& /*best*/, const at::Tensor& /*failed*/,
+                        const std::optional<at::Tensor>& query_lengths,
+                        const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
+                        bool by_rows, int64_t lane_columns) {
+  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
+  check_lane_columns(lane_columns);
+  check_scores(S);
+  check_temperature(temperature);
+  const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
+  const at::Tensor qlen = lengths_or_full(query_lengths, B, M, "query_lengths", "M");
+  const at::Tensor tlen = lengths_or_full(target_lengths, B, N, "target_lengths", "N");
+  TORCH_CHECK(state.device().is_cpu() && state.scalar_type() == S.scalar_type() &&
+                  state.numel() == B * (M + 1) * (N + 1),
+              "state does not match the score matrix: it must be the forward's DP table of " +
+                  std::to_string(B * (M + 1) * (N + 1)) + " values of S's dtype on the CPU");
+  TORCH_CHECK(grad_scores.device().is_cpu() && grad_scores.numel() == B,
+              "grad_scores must be a CPU tensor of " + std::to_string(B) + " values");
+  const Problem pr{B, M, N, qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
+  const at::Tensor dp = state.contiguous().view({B, M + 1, N + 1});
+  const at::Tensor grad = grad_scores.to(S.scalar_type()).contiguous();
+  at::Tensor grad_S = at::zeros({B, M, N}, S.options());
+  AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "swcli_cpu_backward", [&] {
+    backward<scalar_t>(pr, dense_source<scalar_t>(S, tlen), dp.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(),
+                       static_cast<scalar_t>(gap), static_cast<scalar_t>(temperature), grad_S.data_ptr<scalar_t>());
+  });
+  return grad_S;
+}
+
+// The registered scores and scores_codes (no counter) and their counted variants, which return the
+// number of pairs the scaled sweep handed to log space (tests, tools) instead of writing it into an
+// argument: an operator that mutates an argument is not functional, and torch.compile's lowering of such
+// an operator failed.
+at::Tensor op_scores(const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
+                     const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
+                     int64_t lane_columns, bool scaled) {
+  return scores_cpu(S, query_lengths, target_lengths, gap, temperature, lane_columns, scaled, std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor> op_scores_counted(const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
+                                                     const std::optional<at::Tensor>& target_lengths, double gap,
+                                                     double temperature, int64_t lane_columns, bool scaled) {
+  at::Tensor log_pairs = at::zeros({1}, at::TensorOptions().dtype(at::kInt));
+  at::Tensor scores = scores_cpu(S, query_lengths, target_lengths, gap, temperature, lane_columns, scaled, log_pairs);
+  return {scores, log_pairs};
+}
+
+at::Tensor op_scores_codes(const at::Tensor& query, const at::Tensor& target, const at::Tensor& matrix,
+                           const std::optional<at::Tensor>& query_lengths,
+                           const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
+                           int64_t lane_columns, bool scaled) {
+  return scores_codes_cpu(query, target, matrix, query_lengths, target_lengths, gap, temperature, lane_columns, scaled,
+                          std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor> op_scores_codes_counted(const at::Tensor& query, const at::Tensor& target,
+                                                           const at::Tensor& matrix,
+                                                           const std::optional<at::Tensor>& query_lengths,
+                                                           const std::optional<at::Tensor>& target_lengths, double gap,
+                                                           double temperature, int64_t lane_columns, bool scaled) {
+  at::Tensor log_pairs = at::zeros({1}, at::TensorOptions().dtype(at::kInt));
+  at::Tensor scores = scores_codes_cpu(query, target, matrix, query_lengths, target_lengths, gap, temperature,
+                                       lane_columns, scaled, log_pairs);
+  return {scores, log_pairs};
+}
+
+}  // namespace
+}  // namespace swcli_cpu
+
+TORCH_LIBRARY_IMPL(swcli, CPU, m) {
+  m.impl("scores", &swcli_cpu::op_scores);
+  m.impl("scores_counted", &swcli_cpu::op_scores_counted);
+  m.impl("scores_codes", &swcli_cpu::op_scores_codes);
+  m.impl("scores_codes_counted", &swcli_cpu::op_scores_codes_counted);
+  m.impl("forward", &swcli_cpu::forward_cpu);
+  m.impl("backward", &swcli_cpu::backward_cpu);
+}
