@@ -1,8 +1,7 @@
-"""cli.py: `swcli align` end to end against Biopython, the options, and every error path.
+"""cli.py: `swcli align` end to end against Biopython, the options, and every error path."""
 
-The commands run in-process through main(argv), which returns the exit code; a few run as real
-subprocesses to check what only a process shows (startup imports, the console entry point).
-"""
+# The commands run in-process through main(argv), which returns the exit code; a few run as real
+# subprocesses to check what only a process shows (startup imports, the console entry point).
 
 import os
 import subprocess
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from swcli.cli import main
-from testing import biopython_score, random_protein_pairs, read_tsv, related_protein_pairs, write_fasta
+from swcli.testing import biopython_score, random_protein_pairs, read_tsv, related_protein_pairs, write_fasta
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "data" / "example.fasta")
 
@@ -64,7 +63,7 @@ def test_temperature_zero_equals_biopython(pair_files, capsys, gap, matrix):
 
 def test_soft_scores_match_the_library(pair_files, capsys):
     from swcli import soft_smith_waterman
-    from testing import score_matrices
+    from swcli.testing import score_matrices
 
     pairs, queries, targets = pair_files
     _, out, _ = run(["align", queries, targets, "-t", "0.5", "--gap", "-3"], capsys)
@@ -220,11 +219,13 @@ def test_broken_pipe_is_quiet(tmp_path):
 
 def test_engine_build_failure_is_one_line_before_any_output(tmp_path, capsys, monkeypatch):
     import swcli._build
+    import swcli.ops
 
     def no_compiler():
         raise swcli._build.BuildError("no C++ compiler found (looked for 'c++'; set CXX or install g++)")
 
     monkeypatch.setattr(swcli._build, "cpu_engine", no_compiler)
+    monkeypatch.setattr(swcli.ops, "_loaded", set())  # as in a new process: no engine loaded yet
     path = write_fasta(tmp_path / "x.fa", [("a", "MK"), ("b", "MK")])
     code, out, err = run(["align", path, "--backend", "cpu"], capsys)
     assert code == 1 and out == ""

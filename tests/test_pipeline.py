@@ -5,7 +5,7 @@ import torch
 from swcli.fasta import FastaRecord
 from swcli.pipeline import Settings, Stats, align
 from swcli.scoring import load_matrix
-from testing import random_protein_pairs, score_matrices
+from swcli.testing import random_protein_pairs, score_matrices
 
 
 def records(pairs):

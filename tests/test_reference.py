@@ -1,6 +1,7 @@
-"""The reference loop itself (swcli/reference.py): the ground truth must be right before anything is
-checked against it. Oracles here: hand-computed cases, a scalar pure-Python transcription of GUIDE
-section 1, and Biopython at temperature 0."""
+"""The reference loop itself (swcli/reference.py), the ground truth, against independent oracles."""
+
+# The ground truth must be right before anything is checked against it. Oracles here: hand-computed
+# cases, a scalar pure-Python transcription of the recurrence, and Biopython at temperature 0.
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from swcli.reference import SoftSmithWatermanReference, soft_smith_waterman_reference
-from testing import (
+from swcli.testing import (
     biopython_score,
     random_lengths,
     random_protein_pairs,
@@ -23,7 +24,7 @@ ref = soft_smith_waterman_reference
 
 
 def scalar_soft_smith_waterman(S, gap: float, t: float) -> float:
-    """GUIDE section 1, one pair, in plain Python floats (math.log/exp): independent of torch."""
+    """The recurrence, one pair, in plain Python floats (math.log/exp): independent of torch."""
     M = len(S)
     N = len(S[0]) if M else 0
     H = [[0.0] * (N + 1) for _ in range(M + 1)]

@@ -6,7 +6,7 @@ import swcli.pipeline
 from swcli.cli import main
 from swcli.fasta import FastaRecord
 from swcli.verify import sample_pairs
-from testing import write_fasta
+from swcli.testing import write_fasta
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "data" / "example.fasta")
 

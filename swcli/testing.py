@@ -1,7 +1,9 @@
-"""Shared test helpers (pytorch_scatter style): devices, dtypes, oracles and the tolerance rule.
+"""Shared test helpers (pytorch_scatter style): devices, dtypes, oracles, the tolerance rule, and the
+engine calls the kernel tests make.
 
-Every test file parametrises over DEVICES and DTYPES from here and checks results with
-assert_close_to_reference, which implements GUIDE section 1 ("Numbers"):
+Imported by tests/ and tools/ only (`from swcli.testing import ...`), never by the package itself, so that
+`import swcli` stays light. Every op test parametrises over DEVICES and DTYPES from here and checks
+results with assert_close_to_reference, which applies the tolerance rule:
 
 * the ground truth is the Python reference loop in float64;
 * a float64 result must be within 1e-6 of it;
@@ -10,6 +12,9 @@ assert_close_to_reference, which implements GUIDE section 1 ("Numbers"):
 
 The reference loop is slow (tens of microseconds per cell), so its results are memoised by input
 content: a test that checks float32 and float64 on the same float32-representable input pays once.
+
+The engines' Python interface is called from here only (CpuEngineCalls, CudaEngineCalls), so that a
+change of that interface changes these helpers, not the tests.
 """
 
 from __future__ import annotations
@@ -34,6 +39,20 @@ DTYPES = [torch.float32, torch.float64]
 cuda = pytest.mark.cuda
 # CI has no GPU: the CUDA cases run on the H200 machine (see docs/benchmarks/h200.md).
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# The long GPU sweeps, run apart from the fast GPU suite: pytest -m "cuda and slow". Registered in
+# pyproject.toml; the default run deselects nothing.
+slow = pytest.mark.slow
+
+
+def slow_unless(values, fast, several=False):
+    """The parameters `values` of a long sweep, each marked slow unless it is in `fast`: the cases in `fast`
+    stay in the fast GPU suite, so that it keeps one case of each property. several: each value is a
+    tuple holding the values of several arguments ("gap,t,wide")."""
+    def slow_param(value):
+        return pytest.param(*value, marks=slow) if several else pytest.param(value, marks=slow)
+
+    return [value if value in fast else slow_param(value) for value in values]
+
 
 FLOAT64_ATOL = 1e-6
 FLOAT32_MIN_ATOL = 1e-4
@@ -58,6 +77,19 @@ def device_id(device) -> str:
 
 def dtype_id(dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+# pytest parameters of DEVICES (the CUDA ones marked `cuda` and skipped without a CUDA device) and DTYPES
+DEVICE_PARAMS = [
+    pytest.param(d, id=device_id(d), marks=[cuda, requires_cuda] if d.type == "cuda" else [])
+    for d in DEVICES
+]
+DTYPE_PARAMS = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES]
+TEMPERATURES = [0.0, 0.1, 1.0, 10.0]
+GAPS = [-0.5, -1.0, -4.0]
+
+parametrize_device = pytest.mark.parametrize("device", DEVICE_PARAMS)
+parametrize_dtype = pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,7 +220,7 @@ def reference(S: torch.Tensor, gap: float, temperature: float, qlen=None, tlen=N
 
 
 def tolerance(S: torch.Tensor, gap: float, temperature: float, qlen=None, tlen=None) -> float:
-    """The GUIDE's absolute tolerance for a result of S's dtype (float32 or float64)."""
+    """The absolute tolerance for a result of S's dtype (float32 or float64): the rule above."""
     if S.dtype == torch.float64:
         return FLOAT64_ATOL
     if S.dtype != torch.float32:
@@ -202,7 +234,7 @@ def tolerance(S: torch.Tensor, gap: float, temperature: float, qlen=None, tlen=N
 
 def assert_close_to_reference(out: torch.Tensor, S: torch.Tensor, gap: float, t: float, qlen=None,
                               tlen=None) -> None:
-    """out (B,) must match the float64 reference on S within the GUIDE's tolerance for S's dtype."""
+    """out (B,) must match the float64 reference on S within the tolerance for S's dtype."""
     assert isinstance(out, torch.Tensor)
     assert out.shape == (S.shape[0],), f"shape {tuple(out.shape)}, expected ({S.shape[0]},)"
     assert out.dtype == S.dtype, f"dtype {out.dtype}, expected {S.dtype}"
@@ -223,6 +255,104 @@ def assert_close_to_reference(out: torch.Tensor, S: torch.Tensor, gap: float, t:
         f"t {t}, shape {tuple(S.shape)}): pair {worst} got {got[worst].item()!r}, "
         f"expected {expected[worst].item()!r}"
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# The op, masks and the reference gradient
+
+
+def run(S, gap=-1.0, t=1.0, qlen=None, tlen=None, backend=None):
+    """The op on S's device with the compiled backend for that device (unless told otherwise)."""
+    import swcli
+
+    if backend is None:
+        backend = BACKENDS_FOR(S.device)
+    if qlen is not None:
+        qlen = qlen.to(S.device)
+    if tlen is not None:
+        tlen = tlen.to(S.device)
+    return swcli.soft_smith_waterman(S, gap, t, qlen, tlen, backend=backend)
+
+
+def window_mask(B, M, N, qlen, tlen):
+    """True outside each pair's (qlen, tlen) window."""
+    rows = torch.arange(M).view(1, M, 1) >= qlen.cpu().view(B, 1, 1)
+    cols = torch.arange(N).view(1, 1, N) >= tlen.cpu().view(B, 1, 1)
+    return rows | cols
+
+
+def reference_gradient(S, gap, t, qlen, tlen, grad_out):
+    """(scores, grad of (scores * grad_out).sum() by S) through the float64 reference loop, on the CPU."""
+    S64 = S.detach().cpu().double().requires_grad_()
+    out = soft_smith_waterman_reference(S64, gap, t, qlen, tlen)
+    (out * grad_out.cpu().double()).sum().backward()
+    return out.detach(), S64.grad
+
+
+# --------------------------------------------------------------------------------------------------
+# The engines called directly, past the op: the one place that knows their Python interface
+
+
+class CpuEngineCalls:
+    """Mixin of a test class: the CPU engine's operators called directly, with the count of pairs it
+    scored in log space (the scaled sweep's fallback)."""
+
+    @staticmethod
+    def dense(S, qlen, tlen, gap, t, scaled=True):
+        from swcli.ops import load_engine
+
+        load_engine("cpu")
+        scores, log_pairs = torch.ops.swcli.scores_counted(S, qlen, tlen, gap, t, scaled=scaled)
+        return scores, int(log_pairs.item())
+
+    @staticmethod
+    def codes(query, target, qlen, tlen, matrix, gap, t, scaled=True):
+        from swcli.ops import load_engine
+
+        load_engine("cpu")
+        scores, log_pairs = torch.ops.swcli.scores_codes_counted(query, target, matrix, qlen, tlen, gap, t,
+                                                                 scaled=scaled)
+        return scores, int(log_pairs.item())
+
+
+class CudaEngineCalls:
+    """Mixin of a test class: the CUDA engine's operators called directly (dense, from codes, the
+    gradient by rows), each with what the tests check of it."""
+
+    device = torch.device("cuda")
+
+    @staticmethod
+    def counted(counted_call):
+        """(scores, how many pairs the call scored in log space) of one call of a counted operator."""
+        scores, log_pairs = counted_call()
+        return scores, int(log_pairs.item())
+
+    def codes_engine(self, query, target, qlen, tlen, table, gap, t, scaled=True, lane_columns=4):
+        """(scores, how many pairs the engine scored in log space) of one engine call."""
+        from swcli.ops import load_engine
+
+        load_engine("cuda")
+        return self.counted(lambda: torch.ops.swcli.scores_codes_counted(
+            query, target, table, qlen, tlen, gap, t, lane_columns=lane_columns, scaled=scaled))
+
+    def dense_engine(self, S, qlen, tlen, gap, t, scaled=True, lane_columns=4):
+        """The same for dense scores (the forward without the DP table)."""
+        from swcli.ops import load_engine
+
+        load_engine("cuda")
+        return self.counted(lambda: torch.ops.swcli.scores_counted(S, qlen, tlen, gap, t, lane_columns=lane_columns,
+                                                                   scaled=scaled))
+
+    @staticmethod
+    def rows_gradient(S, qlen, tlen, gap, t, grad_out):
+        """(scores, grad_S) of the engine's forward and backward by rows, asserting that the scaled rows
+        hold every pair (no table needed)."""
+        from swcli.ops import load_engine
+
+        load_engine("cuda")
+        scores, kept, best_row, failed = torch.ops.swcli.forward(S, qlen, tlen, gap, t, True)
+        assert failed.item() == 0
+        return scores, torch.ops.swcli.backward(grad_out, S, kept, best_row, failed, qlen, tlen, gap, t, True)
 
 
 # --------------------------------------------------------------------------------------------------
