@@ -112,25 +112,25 @@ def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> 
         if backend != "cuda" or temperature == 0:
             rows.append(Row(workload, backend, temperature, count, batch.cells, seconds(run), note))
             continue
-        from swcli._build import cuda_engine
+        ops.load_engine("cuda")
 
-        def engine_call(scaled: bool, counter=None):
-            cuda_engine().forward_codes(batch.query_codes, batch.target_codes, batch.query_lengths,
-                                        batch.target_lengths, table, -4.0, temperature, 0, scaled, counter)
+        def engine_call(scaled: bool, counted: bool = False):
+            op = torch.ops.swcli.scores_codes_counted if counted else torch.ops.swcli.scores_codes
+            return op(batch.query_codes, batch.target_codes, table, batch.query_lengths, batch.target_lengths, -4.0,
+                      temperature, scaled=scaled)
 
-        note += f"; {log_space_pairs(lambda counter: engine_call(True, counter))} pairs in log space"
+        note += f"; {log_space_pairs(lambda: engine_call(True, counted=True))} pairs in log space"
         rows.append(Row(workload, backend, temperature, count, batch.cells, seconds(run), note))
         rows.append(Row(workload, "cuda-log", temperature, count, batch.cells, seconds(lambda: engine_call(False)),
-                        "the same, every pair through the log-space sweep (engine call)"))
+                        "the same, every pair through the log-space sweep (operator call)"))
     return rows
 
 
-def log_space_pairs(engine_call) -> int:
-    """How many pairs engine_call(counter), one CUDA engine call, scored in log space rather than by the
-    scaled sweep (kernels/sw_cuda.cu): 0 unless some pair holds a spread of scores a float cannot."""
-    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    engine_call(counter)
-    return int(counter.item())
+def log_space_pairs(counted_call) -> int:
+    """How many pairs counted_call(), one call of a counted operator (scores_counted,
+    scores_codes_counted), scored in log space rather than by the scaled sweep: 0 unless some pair holds a
+    spread of scores that the scaled sweep's floats cannot."""
+    return int(counted_call()[1].item())
 
 
 def end_to_end_rows(backend: str, records: list[FastaRecord], count: int) -> list[Row]:
@@ -164,7 +164,10 @@ def end_to_end_rows(backend: str, records: list[FastaRecord], count: int) -> lis
 # --------------------------------------------------------------------------------------------------
 # CUDA: every time from CUDA events around the call, median of `calls` calls after warm-up
 
-NAIVE_SEED_MICROSECONDS = 113.0  # GUIDE section 3: one thread per pair, on an H200 (not re-measured here)
+# A kernel of one thread per pair, two DP rows in local arrays, took 113 us per seed-sized call on an
+# H200: the yardstick the warp-per-pair kernels replaced. It is not built or run here, so the ratio to it
+# means something on an H200 only.
+NAIVE_SEED_MICROSECONDS = 113.0
 
 
 def cuda_seconds(run, calls: int, warmup: int = 10) -> float:
@@ -175,9 +178,8 @@ def cuda_seconds(run, calls: int, warmup: int = 10) -> float:
 def cuda_seconds_interleaved(runs, calls: int, warmup: int = 10, warmup_seconds: float = 0.0) -> list[float]:
     """cuda_seconds of each of `runs`, measured call by call in turn (the order reversed every other round),
     so that a drift of the host's speed falls on each alike; warmed up for `warmup` rounds and at least
-    `warmup_seconds`. Calls of the seed's size are host-bound, and the host drifts: on the H200 machine
-    the op, the engine call and the empty launch were each 1 to 3 us faster per call in a second pass
-    than in a first, so that of two measured one after the other, the second gained."""
+    `warmup_seconds`. Calls of the seed's size are host-bound, and the host's time per call keeps falling
+    for a while as a process warms up: of two runs measured one after the other, the second would gain."""
     started = time.perf_counter()
     done = 0
     while done < warmup or time.perf_counter() - started < warmup_seconds:
@@ -213,33 +215,33 @@ def graph_seconds(run, calls_per_graph: int, replays: int) -> float:
 
 
 def cuda_seed_rows(calls: int) -> list[Row]:
-    from swcli._build import cuda_engine
-
-    engine = cuda_engine()
+    ops.load_engine("cuda")
+    # The overload itself, as ops.py calls its operators: resolving the packet's overload on every call
+    # would add host time to the yardstick that the op does not pay.
+    empty_launch = torch.ops.swcli.empty_launch.default
     S = torch.randn(*SEED_SHAPE, device="cuda")
     cells = SEED_SHAPE[0] * SEED_SHAPE[1] * SEED_SHAPE[2]
-    # Host-bound: measured in turn, after a second of warm-up. With 10 calls of warm-up, at the start of
-    # a process, an H200 machine gave 26.2 and 22.0 us per call (1.19x), against 16.2 and 14.5 us (1.12x)
-    # in another process on it a few seconds before, after about 30,000 calls of each.
+    # Host-bound: measured in turn, after a second of warm-up, since a few calls of warm-up at the start
+    # of a process leave the host's time per call well above where it settles.
     op, empty = cuda_seconds_interleaved([lambda: ops.soft_smith_waterman(S, -1.0, 1.0),
-                                          lambda: engine.empty_launch(S)], calls, warmup_seconds=1.0)
+                                          lambda: empty_launch(S)], calls, warmup_seconds=1.0)
     graph = graph_seconds(lambda: ops.soft_smith_waterman(S, -1.0, 1.0), 100, calls)
     reference = cuda_seconds(lambda: soft_smith_waterman_reference(S, -1.0, 1.0), 3, warmup=1)
     workload = "seed B=16 32x32"
     return [
         Row(workload, "cuda", 1.0, 16, cells, op,
             f"{op / empty:.3f}x the empty launch; {reference / op:,.0f}x the reference loop; "
-            f"{NAIVE_SEED_MICROSECONDS * 1e-6 / op:.1f}x the naive kernel (GUIDE: 113 us)"),
-        Row(workload, "empty", 1.0, 16, cells, empty, "empty kernel through the same binding"),
+            f"{NAIVE_SEED_MICROSECONDS * 1e-6 / op:.1f}x a one-thread-per-pair kernel (113 us on an H200, "
+            "not run here)"),
+        Row(workload, "empty", 1.0, 16, cells, empty, "an empty kernel through the same operator dispatch"),
         Row(workload, "graph", 1.0, 16, cells, graph, "per call, 100 calls per CUDA graph, replayed"),
         Row(workload, "reference", 1.0, 16, cells, reference, "the Python loop on the GPU"),
     ]
 
 
 def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]:
-    from swcli._build import cuda_engine
-
-    engine = cuda_engine()
+    ops.load_engine("cuda")
+    swcli_ops = torch.ops.swcli
     S = torch.randn(batch, size, size, device="cuda")
     cells = batch * size * size
     rows = []
@@ -247,14 +249,13 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
         forward = cuda_seconds(lambda: ops.soft_smith_waterman(S, -1.0, t), calls)
         note = "fp32 S, forward"
         if t > 0:
-            in_log_space = log_space_pairs(lambda counter: engine.forward(S, None, None, -1.0, t, False, 0, True,
-                                                                          counter))
+            in_log_space = log_space_pairs(lambda: swcli_ops.scores_counted(S, None, None, -1.0, t))
             note += f"; {in_log_space} pairs in log space"
         rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", t, batch, cells, forward, note))
         if t > 0:  # the same through the log-space sweep, for comparison
-            log_space = cuda_seconds(lambda: engine.forward(S, None, None, -1.0, t, False, 0, False, None), calls)
+            log_space = cuda_seconds(lambda: swcli_ops.scores(S, None, None, -1.0, t, scaled=False), calls)
             rows.append(Row(f"dense B={batch} {size}x{size}", "cuda-log", t, batch, cells, log_space,
-                            "the same, every pair through the log-space sweep (engine call)"))
+                            "the same, every pair through the log-space sweep (operator call)"))
     grad_S = S.clone().requires_grad_()
     ones = torch.ones(batch, device="cuda")
 
@@ -266,27 +267,27 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
     both = cuda_seconds(forward_backward, few, warmup=3)
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, both,
                     f"forward + backward: {both / rows[0].seconds:.2f}x the forward alone"))
-    # the two halves, straight through the engine (no autograd, no gradient allocation by autograd): the
+    # the two halves, straight through the operators (no autograd, no gradient allocation by autograd): the
     # gradient by rows that autograd takes here, and the DP table's path (the others: t = 0, float64, N > 256
-    # or narrow, see ops.ROWS_NARROWEST)
-    kept_forward = cuda_seconds(lambda: engine.forward_rows(S, None, None, -1.0, 1.0), few, warmup=3)
-    _, kept, best_row, failed = engine.forward_rows(S, None, None, -1.0, 1.0)
+    # or narrow, see ops.gradient_by_rows)
+    kept_forward = cuda_seconds(lambda: swcli_ops.forward(S, None, None, -1.0, 1.0, True), few, warmup=3)
+    _, kept, best_row, failed = swcli_ops.forward(S, None, None, -1.0, 1.0, True)
     kept_backward = cuda_seconds(
-        lambda: engine.backward_rows(ones, S, kept, best_row, failed, None, None, -1.0, 1.0), few, warmup=3)
+        lambda: swcli_ops.backward(ones, S, kept, best_row, failed, None, None, -1.0, 1.0, True), few, warmup=3)
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, kept_forward,
-                    f"forward that keeps every 8th row (engine call); {failed.item()} pairs past the scaled range"))
+                    f"forward that keeps every 8th row (operator call); {failed.item()} pairs past the scaled "
+                    "range"))
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, kept_backward,
-                    "backward by rows alone (engine call)"))
-    del kept, best_row
-    keeping = cuda_seconds(lambda: engine.forward(S, None, None, -1.0, 1.0, True, 0, True, None), few,
-                           warmup=3)
-    _, table, best_at = engine.forward(S, None, None, -1.0, 1.0, True, 0, True, None)
-    backward = cuda_seconds(lambda: engine.backward(ones, S, table, best_at, None, None, -1.0, 1.0, 0), few,
-                            warmup=3)
+                    "backward by rows alone (operator call)"))
+    del kept, best_row, failed
+    keeping = cuda_seconds(lambda: swcli_ops.forward(S, None, None, -1.0, 1.0, False), few, warmup=3)
+    _, table, best_at, failed = swcli_ops.forward(S, None, None, -1.0, 1.0, False)
+    backward = cuda_seconds(
+        lambda: swcli_ops.backward(ones, S, table, best_at, failed, None, None, -1.0, 1.0, False), few, warmup=3)
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, keeping,
-                    "forward that keeps the DP table (engine call)"))
+                    "forward that keeps the DP table (operator call)"))
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, backward,
-                    f"backward from the table alone (engine call); with that forward "
+                    f"backward from the table alone (operator call); with that forward "
                     f"{(keeping + backward) / rows[0].seconds:.2f}x the forward alone"))
     return rows
 

@@ -84,7 +84,7 @@ def score_batches(batches: list[Batch], count: int, settings: Settings, matrix: 
     scores = [0.0] * count
     on_gpu = settings.backend == "cuda"
     for batch in batches:
-        if on_gpu:  # device time from CUDA events: the host clock would also count launch and copy waits
+        if on_gpu:  # GPU time from CUDA events: the host clock would also count launch and copy waits
             started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             started.record()
         else:

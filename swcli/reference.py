@@ -1,4 +1,10 @@
-"""The Python double loop: the ground truth every engine is tested against (GUIDE section 1).
+"""The Python double loop: the ground truth every engine is tested against.
+
+The recurrence, for each pair with H[0][*] = H[*][0] = 0, a linear gap score g and temperature t:
+
+    x = (0, H[i-1][j-1] + S[i-1][j-1], H[i-1][j] + g, H[i][j-1] + g)
+    H[i][j] = t * logsumexp(x / t)   (t > 0),   max(x)   (t = 0, classic Smith-Waterman)
+    score = the max over every cell of H, the zero border included (so score >= 0)
 
 Slow on purpose: one cell at a time, batched over pairs, differentiable through autograd, which defines
 the gradient. Do not optimise it; its value is that it is obviously the recurrence.

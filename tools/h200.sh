@@ -1,10 +1,21 @@
 #!/bin/bash
-# Build, test and benchmark the CUDA engine on the H200 machine (device tool); logs go to $OUT.
-#   tools/h200.sh STAGE...   with stages: build, test (the cuda-marked suite), gpu-all (every test on
-#   the GPU machine), bench, sanitize, e2e (swcli align on a 100k-pair FASTA), profile (an ncu report of
-#   tools/profile_workloads.py $NCU_WORKLOAD: kernels (default), train or latency), steps (seed-shaped batches of growing
-#   size in graph replay), host (time per call on the host), clocks (SM clock and power under the dense forward)
-# Needs .whl (biopython, from ../shared/tools/device-prep) and .bench/proteins.fasta, both carried.
+# GPU runner: build, test, fuzz, benchmark and profile the CUDA engine on a GPU machine; logs go to $OUT.
+#   tools/h200.sh STAGE...   run from the repository root, stages in the order given:
+#     build      compile and load the CUDA engine, print the GPU
+#     test       the fast GPU suite: pytest -m "cuda and not slow" (stops at the first failure)
+#     test-slow  the long GPU sweeps: pytest -m "cuda and slow"
+#     gpu-all    every test, on 14 workers
+#     bench      swcli bench --backend cuda --json (kept as $OUT/bench.json), printed as a table
+#     fuzz       benchmarks/fuzz_scaled.py cuda ($FUZZ_CONFIGS configurations, default 120)
+#     log-pairs  benchmarks/log_space_pairs.py: pairs the scaled sweep hands to log space
+#     floor      benchmarks/gradient_floor.py: the memory floor of a recomputing gradient
+#     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family
+#     e2e        swcli align on a FASTA of 100,000 real pairs, then bench's end-to-end rows
+#     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency)
+#     steps      seed-shaped batches of growing size in graph replay (benchmarks/profile_workloads.py steps)
+#     host       host time per call of the op and the operators (benchmarks/profile_workloads.py host)
+#     clocks     SM clock, power and throttle reasons under the dense forward
+# Needs the biopython wheel in .whl/ and .bench/proteins.fasta (250 real proteins) in the tree.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -16,10 +27,14 @@ for stage in "$@"; do
   case $stage in
     build)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-      python3 -c "import time, torch; from swcli._build import cuda_engine; t = time.time(); cuda_engine(); \
+      python3 -c "import time, torch; from swcli.ops import load_engine; t = time.time(); load_engine('cuda'); \
 print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__version__}')" 2>&1 | tee "$OUT/build.log" ;;
     test)
-      timeout ${TEST_LIMIT:-420} python3 -m pytest -q -x -m cuda -p no:cacheprovider --durations=8 tests 2>&1 | tee "$OUT/test_cuda.log" | tail -25 ;;
+      timeout ${TEST_LIMIT:-300} python3 -m pytest -q -x -m "cuda and not slow" -p no:cacheprovider --durations=8 tests 2>&1 \
+        | tee "$OUT/test_cuda.log" | tail -25 ;;
+    test-slow)
+      timeout ${SLOW_TEST_LIMIT:-540} python3 -m pytest -q -m "cuda and slow" -p no:cacheprovider --durations=8 tests 2>&1 \
+        | tee "$OUT/test_cuda_slow.log" | tail -25 ;;
     gpu-all)
       timeout 480 python3 -m pytest -q -p no:cacheprovider -n 14 --durations=15 tests 2>&1 | tee "$OUT/test_all.log" | tail -25 ;;
     bench)
@@ -27,6 +42,12 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
       python3 -c "import json; d = json.load(open('$OUT/bench.json')); print(d['machine']); \
 [print(f\"{r['workload']:<24} {r['backend']:<9} t={r['temperature']:<3} {r['seconds'] * 1e6:>12,.1f} us {r['gcups']:>9.1f} GCUPS  {r['note']}\") for r in d['rows']]" \
         || tail -20 "$OUT/bench.err" ;;
+    fuzz)
+      timeout 400 python3 benchmarks/fuzz_scaled.py cuda ${FUZZ_CONFIGS:-120} 2>&1 | tee "$OUT/fuzz.txt" | tail -25 ;;
+    log-pairs)
+      python3 benchmarks/log_space_pairs.py $FASTA 2>&1 | tee "$OUT/log_pairs.txt" ;;
+    floor)
+      python3 benchmarks/gradient_floor.py 2>&1 | tee "$OUT/floor.txt" ;;
     sanitize)
       # PYTORCH_NO_CUDA_MEMORY_CACHING only for the sanitizer's runs: later stages capture CUDA graphs,
       # which cannot allocate outside the caching allocator
@@ -53,7 +74,7 @@ codes_q = torch.randint(0, 24, (1100, 900), generator=g, dtype=torch.uint8).cuda
 codes_t = torch.randint(0, 24, (1100, 900), generator=g, dtype=torch.uint8).cuda()
 for temp, gap in ((0.0, -1.0), (1.0, -1.0), (1.0, -30.0)):
     soft_smith_waterman_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), gap, temp, qlen.cuda(), tlen.cuda())
-# the gradient by rows (float32, t > 0; through the op from N = 129, or 193 with lengths: ops._by_rows):
+# the gradient by rows (float32, t > 0; through the op from N = 129, or 193 with lengths: ops.gradient_by_rows):
 # full rows over 38 bands, masked lanes with lengths, and rows of 250 floats (not 16-byte aligned: through
 # the staging row)
 for B, M, N, lengths in ((64, 300, 256, False), (200, 30, 200, True), (40, 90, 250, False)):
@@ -75,7 +96,7 @@ PY
       # the report comes back whole: read it here with the ncu_report wheel. For SASS, compile the .cu here
       # (nvcc -arch=sm_90 -cubin) and read it with the nvidia-cuda-cuobjdump / -nvdisasm wheels.
       timeout 240 ncu --clock-control none --set ${NCU_SET:-full} -k regex:"forward|codes|backward" -c ${NCU_COUNT:-4} \
-        -o "$OUT/kernels" python3 tools/profile_workloads.py ${NCU_WORKLOAD:-kernels} > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?" ;;
+        -o "$OUT/kernels" python3 benchmarks/profile_workloads.py ${NCU_WORKLOAD:-kernels} > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?" ;;
     clocks)
       # the SM clock, power and throttle reasons while the dense t=1 forward runs back to back for 6 s
       cat > /tmp/clocks.py <<'PY'
@@ -99,9 +120,9 @@ print("\n".join(samples[2:8]))
 PY
       python3 /tmp/clocks.py 2>&1 | tee "$OUT/clocks.txt" ;;
     steps)
-      python3 tools/profile_workloads.py steps 2>&1 | tee "$OUT/steps.txt" ;;
+      python3 benchmarks/profile_workloads.py steps 2>&1 | tee "$OUT/steps.txt" ;;
     host)
-      python3 tools/profile_workloads.py host 2>&1 | tee "$OUT/host.txt" ;;
+      python3 benchmarks/profile_workloads.py host 2>&1 | tee "$OUT/host.txt" ;;
     e2e)
       python3 - <<'PY'
 import random
@@ -121,6 +142,8 @@ PY
 from swcli.bench import end_to_end_rows; from swcli.fasta import read_fasta
 rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), 100_000)
 [print(r.workload, r.temperature, f'{r.seconds:.2f} s', f'{r.gcups:.1f} GCUPS', r.note) for r in rows]" 2>&1 | tee "$OUT/e2e.txt" ;;
+    *)
+      echo "unknown stage $stage; see the stages at the top of $0" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date +%T)"

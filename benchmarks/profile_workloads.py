@@ -1,4 +1,6 @@
-"""Workloads for profiling the CUDA engine on the H200 (tools/h200.sh profile / host).
+"""Workloads for profiling the CUDA engine: `python3 benchmarks/profile_workloads.py WORKLOAD [ARGS]`.
+
+tools/h200.sh runs them in its profile (under ncu), steps and host stages.
 
   kernels: one call each of the dense 8192 x 256 x 256 forward (t = 1, 0), the seed (16 x 32 x 32),
            10,000 real-length pairs from codes, and a dense forward + backward, for ncu to capture.
@@ -8,8 +10,9 @@
   steps:   seed-shaped batches (B = 16) of growing size in CUDA graph replay: the slope is the time of
            one wavefront step, the intercept the fixed cost of a launch; then the SM clock while the
            seed kernel runs back to back.
-  host:    host time per call (no synchronisation inside the loop) of the op, the engine calls and the
-           empty launch at the seed size: when the host is slower than the kernel, this is the rate.
+  host:    host time per call (no synchronisation inside the loop) of the op, the scores operator (its
+           packet and its overload) and the empty launch at the seed size: when the host is slower than
+           the kernel, this is the rate.
   forward: the seed in CUDA graph replay, the dense t = 1 forward and 10,000 real-length pairs from
            codes at t = 1 and 0, 20 calls each (medians of CUDA events): one line, to compare kernel
            variants of the forward.
@@ -19,7 +22,7 @@
            for comparison, 10 calls each: one line.
   gradient: swcli bench's dense rows (forward, forward + backward, the forward that keeps H, the
            backward) with 10 calls each, and a checksum of the gradient: one line, to compare kernel
-           variants (tools/variants.sh).
+           variants.
 """
 
 import sys
@@ -30,7 +33,7 @@ import torch
 import swcli
 from swcli.bench import real_batch
 from swcli.fasta import read_fasta
-from swcli.ops import soft_smith_waterman_codes
+from swcli.ops import load_engine, soft_smith_waterman_codes
 
 
 def kernels() -> None:
@@ -86,15 +89,13 @@ def steps() -> None:
 
 
 def host() -> None:
-    from swcli._build import cuda_engine
-
-    engine = cuda_engine()
+    load_engine("cuda")
     S = torch.randn(16, 32, 32, device="cuda")
     calls = {
         "op soft_smith_waterman": lambda: swcli.soft_smith_waterman(S, -1.0, 1.0),
-        "engine.forward": lambda: engine.forward(S, None, None, -1.0, 1.0, False, 0, True, None),
-        "engine.scores": lambda: engine.scores(S, -1.0, 1.0),
-        "engine.empty_launch": lambda: engine.empty_launch(S),
+        "swcli.scores": lambda: torch.ops.swcli.scores(S, None, None, -1.0, 1.0),
+        "swcli.scores.default": lambda: torch.ops.swcli.scores.default(S, None, None, -1.0, 1.0),
+        "swcli.empty_launch.default": lambda: torch.ops.swcli.empty_launch.default(S),
     }
     for name, call in calls.items():
         for _ in range(200):
@@ -107,11 +108,11 @@ def host() -> None:
         host_us = (time.perf_counter() - started) / n * 1e6
         torch.cuda.synchronize()
         total_us = (time.perf_counter() - started) / n * 1e6
-        print(f"{name:<24} host {host_us:6.1f} us/call, with the device drained {total_us:6.1f} us/call")
-    # kernel time alone: the engine call in CUDA graph replay, as swcli bench times it
+        print(f"{name:<26} host {host_us:6.1f} us/call, with the device drained {total_us:6.1f} us/call")
+    # kernel time alone: the operator call in CUDA graph replay, as swcli bench times it
     from swcli.bench import graph_seconds
 
-    seconds = graph_seconds(calls["engine.forward"], 200, 10)
+    seconds = graph_seconds(calls["swcli.scores.default"], 200, 10)
     print(f"graph replay: {seconds * 1e6:.2f} us per seed call")
 
 
@@ -143,10 +144,10 @@ def forward() -> None:
 
 
 def rows(N: str = "256", lengths: str = "") -> None:
-    from swcli._build import cuda_engine
     from swcli.bench import cuda_seconds
 
-    engine = cuda_engine()
+    load_engine("cuda")
+    op = torch.ops.swcli
     torch.manual_seed(0)
     B, M, N = 8192, 256, int(N)
     S = torch.randn(B, M, N, device="cuda")
@@ -154,9 +155,9 @@ def rows(N: str = "256", lengths: str = "") -> None:
     t = torch.randint(N // 2, N + 1, (B,), device="cuda") if lengths else None
     ones = torch.ones(B, device="cuda")
     alone = cuda_seconds(lambda: swcli.soft_smith_waterman(S, -1.0, 1.0, q, t), 10)
-    forward = cuda_seconds(lambda: engine.forward_rows(S, q, t, -1.0, 1.0), 10)
-    _, kept, best_row, failed = engine.forward_rows(S, q, t, -1.0, 1.0)
-    backward = cuda_seconds(lambda: engine.backward_rows(ones, S, kept, best_row, failed, q, t, -1.0, 1.0), 10)
+    forward = cuda_seconds(lambda: op.forward(S, q, t, -1.0, 1.0, True), 10)
+    _, kept, best_row, failed = op.forward(S, q, t, -1.0, 1.0, True)
+    backward = cuda_seconds(lambda: op.backward(ones, S, kept, best_row, failed, q, t, -1.0, 1.0, True), 10)
     X = S.clone().requires_grad_()
 
     def step():
@@ -165,9 +166,10 @@ def rows(N: str = "256", lengths: str = "") -> None:
 
     both = cuda_seconds(step, 10)
     keeping = cuda_seconds(lambda: swcli.soft_smith_waterman(X, -1.0, 1.0, q, t), 10)
-    _, table, best_at = engine.forward(S, q, t, -1.0, 1.0, True, 0, True, None)
-    table_forward = cuda_seconds(lambda: engine.forward(S, q, t, -1.0, 1.0, True, 0, True, None), 10)
-    table_backward = cuda_seconds(lambda: engine.backward(ones, S, table, best_at, q, t, -1.0, 1.0, 0), 10)
+    _, table, best_at, table_failed = op.forward(S, q, t, -1.0, 1.0, False)
+    table_forward = cuda_seconds(lambda: op.forward(S, q, t, -1.0, 1.0, False), 10)
+    table_backward = cuda_seconds(
+        lambda: op.backward(ones, S, table, best_at, table_failed, q, t, -1.0, 1.0, False), 10)
     print(f"N = {N}{' with lengths' if lengths else ''}: forward alone {alone * 1e3:.3f} ms; "
           f"rows forward {forward * 1e3:.3f} ms, backward {backward * 1e3:.3f} ms; "
           f"forward + backward {both * 1e3:.3f} ms = {both / alone:.2f}x (autograd forward {keeping * 1e3:.3f} ms); "

@@ -1,8 +1,12 @@
-"""The memory floor of a gradient that recomputes H from S (issue 5), on the H200: tools/gradient_floor.cu's
-loads and stores without the DP, against torch's own copy, sum and fill of the same 2.15 GB, and the
-engine's gradient kernels. Dense float S, B = 8192, 256 x 256. Medians of 10 calls (CUDA events).
+"""Memory floor of a gradient that recomputes H from S: its loads and stores alone, beside the engine's times.
 
-  python3 tools/gradient_floor.py
+gradient_floor.cu moves what such a backward moves over dense float S (B = 8192, 256 x 256: 2.15 GB) in
+the wavefront kernels' skewed order (one row per lane), with no DP. It is timed beside torch's own copy,
+sum and fill of the same tensor, which read and write coalesced, and beside the engine's forward and
+forward + backward: how far the skewed order is from a coalesced read is why the gradient by rows reads
+S in whole rows. Medians of 10 calls (CUDA events); needs a CUDA GPU and nvcc.
+
+    python3 benchmarks/gradient_floor.py
 """
 
 import os

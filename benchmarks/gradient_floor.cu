@@ -1,9 +1,9 @@
-// The memory floor of a gradient that recomputes H from S instead of storing it (issue 5): the loads
-// and stores such a backward makes over dense float S (B, M, N), with no DP at all. One warp per pair,
-// tiles of 128 columns (4 per lane), the backward's skewed order (lane k at row rows - 1 - (s - rank)),
+// The memory floor of a gradient that recomputes H from S: benchmarks/gradient_floor.py builds and times it.
+// The loads and stores such a backward makes over dense float S (B, M, N), with no DP at all. One warp per
+// pair, tiles of 128 columns (4 per lane), the backward's skewed order (lane k at row rows - 1 - (s - rank)),
 // S loaded 8 rows ahead in registers, gradient rows written by groups of 8 lanes in whole 128-byte lines
-// through a delay buffer in shared memory (as backward_kernel writes them). MODE 0: read S and write
-// the gradient; 1: read only; 2: write only. tools/gradient_floor.py runs it.
+// through a delay buffer in shared memory (as the DP table's backward writes them). MODE 0: read S and
+// write the gradient; 1: read only; 2: write only.
 #include <cuda_runtime.h>
 #include <cstdint>
 

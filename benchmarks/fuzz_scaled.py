@@ -1,33 +1,38 @@
-"""The scaled sweeps against the float64 CPU engine over random settings (large scores, small temperatures,
-every gap), and the CUDA codes path against its own log-space sweep on protein pairs near the edge of the
-table of powers (2^(m c) <= 2^60: t down to 0.27 with BLOSUM62).
+"""Fuzz of the scaled-space sweeps against float64 and against the log-space sweep, on random settings.
 
-    python3 tools/fuzz_scaled.py cpu [configurations [seed]]    # CPU engine, dense scores
-    python3 tools/fuzz_scaled.py cuda [configurations [seed]]   # CUDA engine, 4 and 1 columns per lane, dense and codes
+The CPU or CUDA engine's scaled sweep is checked against the float64 CPU engine over random shapes and
+lengths, large scores, small temperatures and every gap; on CUDA, the codes path is also checked against
+its own log-space sweep on protein pairs near the edge of the table of powers (2^(m c) <= 2^60: t down to
+0.27 with BLOSUM62).
 
-The error of the 1-column log-space sweep is printed beside the others: it is the sweep of 1-column
-lanes wherever the scaled one does not apply.
+    python3 benchmarks/fuzz_scaled.py cpu [configurations [seed]]    # CPU engine, dense scores
+    python3 benchmarks/fuzz_scaled.py cuda [configurations [seed]]   # CUDA: 4 and 1 columns per lane, dense and codes
 
 Prints each configuration whose scaled result is further than 2e-6 (relative) from float64, with the
 error of the float32 log-space sweep of 4-column lanes on the same input (float32's own drift), then a
-line.
+summary line. On CUDA the 1-column log-space sweep is checked beside the scaled ones: it is what 1-column
+lanes run wherever the scaled sweep does not apply.
 """
 
 import random
 import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this tree's swcli, not an installed one
-from swcli import _build  # noqa: E402
-from testing import code_batch, related_protein_pairs, random_protein_pairs  # noqa: E402
+from swcli.ops import load_engine
+from swcli.testing import code_batch, random_protein_pairs, related_protein_pairs
+
+
+def scores(S, qlen, tlen, gap, t, columns=0, scaled=True):
+    """The engine's scores of S's device, through the operator with its knobs."""
+    return torch.ops.swcli.scores(S, qlen, tlen, gap, t, lane_columns=columns, scaled=scaled)
 
 
 def dense(engine: str, configurations: int, seed: int = 1) -> None:
-    cpu = _build.cpu_engine()
-    cuda = _build.cuda_engine() if engine == "cuda" else None
+    load_engine("cpu")
+    cuda = engine == "cuda"
+    if cuda:
+        load_engine("cuda")
     rng = random.Random(seed)
     bad = beyond = worst = 0
     for trial in range(configurations):
@@ -42,14 +47,14 @@ def dense(engine: str, configurations: int, seed: int = 1) -> None:
         if cuda:  # the scaled sweeps of 4-column lanes and of 1-column lanes (one scale per warp, pairs of
             # one column tile; wider pairs take the 1-column log-space cell, checked on its own as well)
             def on_cuda(columns, sweep):
-                return cuda.forward(S.cuda(), q.cuda(), tl.cuda(), gap, t, False, columns, sweep, None)[0].cpu()
+                return scores(S.cuda(), q.cuda(), tl.cuda(), gap, t, columns, sweep).cpu()
             scaled = {"4 columns": on_cuda(4, True), "1 column": on_cuda(1, True),
                       "1 column, log space": on_cuda(1, False)}
             log = on_cuda(4, False)
         else:
-            scaled = {"": cpu.forward(S, q, tl, gap, t, False, True, None)[0]}
-            log = cpu.forward(S, q, tl, gap, t, False, False, None)[0]
-        exact = cpu.forward(S.double(), q, tl, gap, t, False, False, None)[0]
+            scaled = {"": scores(S, q, tl, gap, t)}
+            log = scores(S, q, tl, gap, t, scaled=False)
+        exact = scores(S.double(), q, tl, gap, t, scaled=False)
         log_error = ((log.double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
         for name, out in scaled.items():
             error = ((out.double() - exact).abs() / exact.abs().clamp_min(1)).max().item()
@@ -66,15 +71,17 @@ def dense(engine: str, configurations: int, seed: int = 1) -> None:
 
 
 def codes_near_the_cap() -> None:
-    cuda = _build.cuda_engine()
+    load_engine("cuda")
     pairs = related_protein_pairs(seed=1, count=900, min_length=20, max_length=400)
     pairs += random_protein_pairs(seed=2, count=300, min_length=5, max_length=400)
     query, target, qlen, tlen, matrix = code_batch(pairs, device="cuda")
     qlen, tlen, matrix = qlen.cuda(), tlen.cuda(), matrix.cuda()
     for t in (0.27, 0.3, 0.4, 0.5, 1.0):
         for gap in (-1.0, -4.0, -11.0):
-            scaled = cuda.forward_codes(query, target, qlen, tlen, matrix, gap, t, 4, True, None).double()
-            log = cuda.forward_codes(query, target, qlen, tlen, matrix, gap, t, 4, False, None).double()
+            scaled = torch.ops.swcli.scores_codes(query, target, matrix, qlen, tlen, gap, t, lane_columns=4,
+                                                  scaled=True).double()
+            log = torch.ops.swcli.scores_codes(query, target, matrix, qlen, tlen, gap, t, lane_columns=4,
+                                               scaled=False).double()
             error = ((scaled - log).abs() / log.abs().clamp_min(1)).max().item()
             print(f"cuda codes BLOSUM62 t={t} gap={gap}: {error:.2e}" + ("  past 2e-6" if error > 2e-6 else ""))
 
