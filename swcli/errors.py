@@ -19,3 +19,7 @@ class PairingError(SwcliError):
 
 class MatrixError(SwcliError):
     """An unknown matrix name or an unreadable matrix file."""
+
+
+class DatabaseError(SwcliError):
+    """A search database folder that is missing, incomplete or made for another alphabet."""

@@ -1,0 +1,110 @@
+"""The search database (swcli/database.py): flat codes in length order, the prepared folder, its errors."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from swcli import database
+from swcli.errors import AlphabetError, DatabaseError
+from swcli.fasta import FastaRecord
+from swcli.scoring import load_matrix
+from swcli.testing import random_protein
+
+BLOSUM62 = load_matrix("BLOSUM62")
+
+
+def records(count: int, seed: int, max_length: int = 60):
+    rng = random.Random(seed)
+    return [FastaRecord("db.fa", k + 1, f"s{k}", random_protein(rng, rng.randint(1, max_length)))
+            for k in range(count)]
+
+
+def test_build_orders_longest_first_and_keeps_every_sequence():
+    recs = records(200, seed=1)
+    db = database.build(recs, BLOSUM62, "db.fa")
+    assert len(db) == 200 and db.ids == [r.id for r in recs]
+    lengths = db.lengths
+    assert np.all(lengths[:-1] >= lengths[1:])
+    for k in range(len(db)):
+        record = recs[db.index[k]]
+        assert bytes(db.codes[db.offsets[k]:db.offsets[k + 1]]) == BLOSUM62.encode(record.sequence, record.where)
+    # equal lengths keep database order
+    for k in range(len(db) - 1):
+        if lengths[k] == lengths[k + 1]:
+            assert db.index[k] < db.index[k + 1]
+
+
+def test_padded_blocks_hold_the_codes_and_zeros():
+    recs = records(50, seed=2)
+    db = database.build(recs, BLOSUM62, "db.fa")
+    block, lengths = db.padded(10, 27)
+    assert block.dtype == np.uint8 and block.shape == (17, lengths.max())
+    for row, k in enumerate(range(10, 27)):
+        assert bytes(block[row, :lengths[row]]) == bytes(db.codes[db.offsets[k]:db.offsets[k + 1]])
+        assert not block[row, lengths[row]:].any()
+    empty, none = db.padded(5, 5)
+    assert empty.shape == (0, 0) and none.shape == (0,)
+
+
+def test_bad_letter_names_the_record():
+    bad = [FastaRecord("db.fa", 1, "a", "ACD"), FastaRecord("db.fa", 2, "b", "AC1D")]
+    with pytest.raises(AlphabetError, match=r"db.fa: record 2 \(b\): invalid letter '1' at position 3"):
+        database.build(bad, BLOSUM62, "db.fa")
+
+
+def test_save_and_load_round_trip(tmp_path):
+    db = database.build(records(120, seed=3), BLOSUM62, "db.fa")
+    folder = tmp_path / "db"
+    database.save(db, folder)
+    assert database.is_prepared(folder) and not database.is_prepared(tmp_path)
+    assert not [p for p in tmp_path.iterdir() if p.name != "db"]  # no staging folder left
+    again = database.load(folder)
+    assert isinstance(again.codes, np.memmap)
+    assert np.array_equal(again.codes, db.codes) and np.array_equal(again.offsets, db.offsets)
+    assert np.array_equal(again.index, db.index) and again.ids == db.ids and again.alphabet == db.alphabet
+
+
+def test_empty_database_round_trips(tmp_path):
+    db = database.build([], BLOSUM62, "empty.fa")
+    database.save(db, tmp_path / "db")
+    again = database.load(tmp_path / "db")
+    assert len(again) == 0 and again.residues == 0
+
+
+def test_save_refuses_an_existing_path(tmp_path):
+    db = database.build(records(3, seed=4), BLOSUM62, "db.fa")
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "keep").write_text("mine")
+    with pytest.raises(DatabaseError, match="already exists"):
+        database.save(db, tmp_path / "db")
+    assert (tmp_path / "db" / "keep").read_text() == "mine"
+
+
+def test_save_into_a_missing_folder_is_an_error(tmp_path):
+    db = database.build(records(3, seed=4), BLOSUM62, "db.fa")
+    with pytest.raises(DatabaseError, match="does not exist"):
+        database.save(db, tmp_path / "no" / "db")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: (f / "codes.u8").unlink(), r"missing codes\.u8"),
+    (lambda f: (f / "codes.u8").write_bytes(b"\x00"), r"codes\.u8: 1 bytes, expected"),
+    (lambda f: (f / "meta.json").write_text("{"), r"meta\.json: unreadable"),
+    (lambda f: (f / "meta.json").write_text('{"format": "other"}'), r"format 'other'"),
+    (lambda f: (f / "ids.txt").write_text("a\n"), "its files disagree"),
+])
+def test_damaged_folders_are_refused(tmp_path, damage, message):
+    database.save(database.build(records(5, seed=5), BLOSUM62, "db.fa"), tmp_path / "db")
+    damage(tmp_path / "db")
+    with pytest.raises(DatabaseError, match=message):
+        database.load(tmp_path / "db")
+
+
+def test_alphabet_of_another_matrix_is_refused():
+    db = database.build(records(3, seed=6), BLOSUM62, "db.fa")
+    db.check_alphabet(load_matrix("BLOSUM45"))  # the same alphabet
+    with pytest.raises(DatabaseError, match="encoded for the alphabet"):
+        db.check_alphabet(load_matrix("NUC.4.4"))
