@@ -1,0 +1,102 @@
+"""Search (swcli/search.py): every query against every database sequence, the best k of each."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from swcli import database
+from swcli.fasta import FastaRecord
+from swcli.ops import load_engine
+from swcli.scoring import load_matrix
+from swcli.search import Hits, block_bounds, merge_top, search
+from swcli.testing import DEVICE_PARAMS, biopython_score, random_protein, related_protein_pairs
+
+BLOSUM62 = load_matrix("BLOSUM62")
+
+
+def search_set(seed: int, queries: int, sequences: int):
+    """Queries, and a database holding mutated copies of them among random sequences (real hits)."""
+    rng = random.Random(seed)
+    pairs = related_protein_pairs(seed, queries, 20, 80)
+    qs = [q for q, _ in pairs]
+    db = [random_protein(rng, rng.randint(5, 120)) for _ in range(sequences - queries)]
+    for _, t in pairs:
+        db.insert(rng.randrange(len(db) + 1), t)
+    db += db[:3]  # duplicates: equal scores, broken by database order
+    return qs, db
+
+
+def run(queries, sequences, top, gap=-4.0, t=0.0, device="cpu", **limits):
+    load_engine(device)
+    db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
+                        "db.fa")
+    codes = (BLOSUM62.encode(q, lambda: "query") for q in queries)
+    backend = "cuda" if torch.device(device).type == "cuda" else "cpu"
+    return list(search(codes, db, BLOSUM62.tensor(), gap, t, top, backend, device, **limits))
+
+
+def test_top_hits_equal_an_exhaustive_biopython_search():
+    queries, sequences = search_set(seed=1, queries=6, sequences=150)
+    hits = run(queries, sequences, top=10)
+    for q, found in zip(queries, hits):
+        exhaustive = sorted(((-biopython_score(q, s, -4.0), k) for k, s in enumerate(sequences)))[:10]
+        assert found.scores.tolist() == [-score for score, _ in exhaustive]
+        assert found.targets.tolist() == [k for _, k in exhaustive]  # ties by database order
+
+
+@pytest.mark.parametrize("t", [0.0, 1.0])
+def test_streamed_and_many_blocks_equal_resident(t):
+    queries, sequences = search_set(seed=2, queries=4, sequences=120)
+    resident = run(queries, sequences, top=7, t=t)
+    streamed = run(queries, sequences, top=7, t=t, max_bytes=0, max_cells=300)
+    for a, b in zip(resident, streamed):
+        assert torch.equal(a.targets, b.targets)
+        torch.testing.assert_close(a.scores, b.scores, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_soft_scores_are_the_align_scores(device):
+    """At t > 0 a hit's score is the score the op gives that pair alone."""
+    from swcli.ops import soft_smith_waterman_codes
+
+    queries, sequences = search_set(seed=3, queries=3, sequences=60)
+    for q, found in zip(queries, run(queries, sequences, top=5, t=1.0, device=device)):
+        qc = torch.tensor(list(BLOSUM62.encode(q, lambda: "q")), dtype=torch.uint8)[None]
+        for score, k in zip(found.scores.tolist(), found.targets.tolist()):
+            tc = torch.tensor(list(BLOSUM62.encode(sequences[k], lambda: "t")), dtype=torch.uint8)[None]
+            alone = soft_smith_waterman_codes(qc, tc, BLOSUM62.tensor(), -4.0, 1.0, backend="cpu")
+            assert score == pytest.approx(alone.item(), rel=1e-5, abs=1e-4)
+
+
+def test_top_past_the_database_and_an_empty_database():
+    queries, sequences = search_set(seed=4, queries=2, sequences=5)
+    hits = run(queries, sequences, top=50)
+    assert all(len(h.scores) == len(sequences) for h in hits)
+    empty = run(queries, [], top=3)
+    assert all(len(h.scores) == 0 for h in empty)
+
+
+def test_top_must_be_positive():
+    with pytest.raises(ValueError, match="top must be at least 1"):
+        run(["ACD"], ["ACD"], top=0)
+
+
+def test_block_bounds_cover_the_database_under_the_budget():
+    sequences = [random_protein(random.Random(k), 1 + (k * 37) % 200) for k in range(300)]
+    db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62, "x")
+    bounds = block_bounds(db, 2000)
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(db)
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    for start, stop in bounds:
+        assert (stop - start) * db.lengths[start] <= 2000 or stop - start == 1
+
+
+def test_merge_keeps_database_order_among_ties():
+    best = merge_top(None, torch.tensor([5.0, 7.0, 5.0]), torch.tensor([9, 4, 2]), 2)
+    assert best.scores.tolist() == [7.0, 5.0] and best.targets.tolist() == [4, 2]
+    merged = merge_top(best, torch.tensor([5.0, 8.0]), torch.tensor([1, 30]), 3)
+    assert isinstance(merged, Hits)
+    assert merged.scores.tolist() == [8.0, 7.0, 5.0] and merged.targets.tolist() == [30, 4, 1]
