@@ -2,7 +2,9 @@
 
 Records are parsed by Biopython's SimpleFastaParser one at a time, so memory does not grow with the
 file. Biopython silently skips text before the first '>' (a FASTQ file would read as zero records), so
-the first line is checked here.
+the first line is checked here. A UTF-8 byte order mark at the start of the text (plain, gzip or stdin)
+is skipped. Headers may not hold control characters other than tab (a NUL or an escape sequence would
+go into the TSV as it is); a tab separates words like a space, so an id never holds one.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import itertools
+import re
 import sys
 import zlib
 from collections.abc import Iterator
@@ -24,6 +27,8 @@ from swcli.errors import FastaError, PairingError
 
 GZIP_MAGIC = b"\x1f\x8b"
 STDIN = "-"
+# Control characters (Unicode category Cc: C0, DEL, C1) other than tab; newlines never reach a header.
+HEADER_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 @dataclass(slots=True)
@@ -64,7 +69,9 @@ def open_text(path: str) -> io.TextIOBase:
         raw = io.BufferedReader(raw)
     if raw.peek(2)[:2] == GZIP_MAGIC:
         raw = gzip.GzipFile(fileobj=raw, mode="rb")
-    return io.TextIOWrapper(raw, encoding="utf-8", newline=None)
+    # utf-8-sig: a byte order mark at the very start (as some Windows tools write) is skipped; one
+    # anywhere else stays and fails as an invalid header or letter.
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", newline=None)
 
 
 def read_fasta(path: str) -> Iterator[FastaRecord]:
@@ -84,6 +91,12 @@ def read_fasta(path: str) -> Iterator[FastaRecord]:
                     f"found {line.strip()[:30]!r}{hint}"
                 )
             for number, (title, sequence) in enumerate(SimpleFastaParser(itertools.chain([line], lines)), 1):
+                control = HEADER_CONTROL.search(title)
+                if control is not None:
+                    raise FastaError(
+                        f"{name}: record {number}: control character {control.group()!r} at position "
+                        f"{control.start() + 1} of the header (only tab is allowed there)"
+                    )
                 words = title.split(None, 1)
                 if not words:
                     raise FastaError(f"{name}: record {number}: header has no identifier")

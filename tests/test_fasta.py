@@ -105,3 +105,51 @@ def test_odd_count_in_one_file(tmp_path):
     path = write(tmp_path / "odd.fa", ">a\nAA\n>b\nCC\n>c\nDD\n")
     with pytest.raises(PairingError, match=r"odd number of records \(3\).*\(c\) has no partner"):
         list(pairs_in_one_file(path))
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def test_byte_order_mark_is_skipped_in_files_gzip_and_stdin(tmp_path, monkeypatch):
+    data = BOM + b">a desc\r\nMK\r\n>b\nVW\n"
+    plain = tmp_path / "bom.fa"
+    plain.write_bytes(data)
+    packed = tmp_path / "bom.fa.gz"
+    packed.write_bytes(gzip.compress(data))
+    for path in (plain, packed):
+        assert [(r.id, r.sequence) for r in read_fasta(str(path))] == [("a", "MK"), ("b", "VW")]
+    for raw in (data, gzip.compress(data)):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(raw))))
+        assert [r.id for r in read_fasta("-")] == ["a", "b"]
+
+
+def test_byte_order_mark_elsewhere_is_not_skipped(tmp_path):
+    path = tmp_path / "late.fa"
+    path.write_bytes(b">a\nMK\n" + BOM + b">b\nVW\n")
+    (record,) = read_fasta(str(path))  # the line does not start with '>': sequence text, refused when encoded
+    assert record.sequence == "MK\ufeff>bVW"
+
+
+@pytest.mark.parametrize("header, char, position", [
+    (b"a\x00b", "\\x00", 2),
+    (b"\x00", "\\x00", 1),
+    (b"id desc\x00", "\\x00", 8),
+    (b"id \x1b[31mred", "\\x1b", 4),
+    (b"id\x7f", "\\x7f", 3),
+    (b"id\x0bx", "\\x0b", 3),
+    ("id \u0085x".encode(), "\\x85", 4),
+])
+def test_control_characters_in_headers_are_refused(tmp_path, header, char, position):
+    path = tmp_path / "ctl.fa"
+    path.write_bytes(b">ok\nMK\n>" + header + b"\nMK\n")
+    with pytest.raises(FastaError) as info:
+        list(read_fasta(str(path)))
+    assert str(info.value) == (f"{path}: record 2: control character '{char}' at position {position} of the "
+                               "header (only tab is allowed there)")
+
+
+def test_a_tab_in_a_header_ends_the_id(tmp_path):
+    # A tab is allowed in a header, and separates words like a space: the id, which the TSV prints, never
+    # holds one, so it cannot shift the columns.
+    path = write(tmp_path / "tab.fa", ">a\tdesc\nMK\n>b\tc d\nVW\n")
+    assert [r.id for r in read_fasta(path)] == ["a", "b"]
