@@ -2,10 +2,14 @@
 
 A sequence is encoded once, with one bytes.translate over a 256-entry table (case-insensitive), so that
 batches are built from codes and scores are looked up on the compute device, never per pair in Python.
+Scores, like the gap and the temperature (check_gap, check_temperature: the CLI's option checks), must
+be finite in float32, the precision the engines compute in: an inf or NaN would make every score inf
+or NaN, without an error.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +17,32 @@ from pathlib import Path
 from swcli.errors import AlphabetError, MatrixError
 
 INVALID = 255
+FLOAT32_MAX = 3.4028234663852886e38  # larger magnitudes are inf in float32
+
+
+def _finite32(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+
+
+def _bad_option(option: str, value: float, rule: str):
+    import typer  # here, not at the top: the library (and its tests) do not need the CLI
+
+    return typer.BadParameter(f"{value} is not {rule}", param_hint=f"'{option}'")
+
+
+def check_temperature(value: float) -> float:
+    """--temperature: a finite number >= 0. Raises typer.BadParameter (a usage error, exit 2); usable as
+    the option's typer callback or called with the parsed value."""
+    if not (_finite32(value) and value >= 0):
+        raise _bad_option("--temperature", value, "a finite number >= 0 (0 is hard Smith-Waterman)")
+    return value
+
+
+def check_gap(value: float) -> float:
+    """--gap: a finite number <= 0 (a gap score). Raises typer.BadParameter (a usage error, exit 2)."""
+    if not (_finite32(value) and value <= 0):
+        raise _bad_option("--gap", value, "a finite gap score <= 0 (e.g. --gap -4)")
+    return value
 
 
 def available_matrices() -> list[str]:
@@ -72,7 +102,9 @@ class SubstitutionMatrix:
         return SubstitutionMatrix(self.name, self.alphabet, self.scores, table, letter)
 
 
-def _from_biopython(name: str, array) -> SubstitutionMatrix:
+def _from_biopython(name: str, array, where: str | None = None) -> SubstitutionMatrix:
+    """The matrix `name` from a Biopython array; errors name `where` (the file as given), else `name`."""
+    where = where or name
     alphabet = array.alphabet
     if len(array.shape) != 2 or not isinstance(alphabet, str) or array.shape[0] != array.shape[1]:
         raise MatrixError(f"matrix {name} is not a square substitution matrix over one alphabet")
@@ -87,6 +119,13 @@ def _from_biopython(name: str, array) -> SubstitutionMatrix:
         if ord(letter) < 128:
             table[ord(letter)] = code
     scores = tuple(tuple(float(array[a][b]) for b in range(len(alphabet))) for a in range(len(alphabet)))
+    for a, row in enumerate(scores):
+        for b, value in enumerate(row):
+            if not _finite32(value):
+                raise MatrixError(
+                    f"{where}: the score of row {alphabet[a]}, column {alphabet[b]} is {value}: scores must "
+                    "be finite numbers (of float32 range)"
+                )
     return SubstitutionMatrix(name, alphabet, scores, bytes(table))
 
 
@@ -101,7 +140,7 @@ def load_matrix(spec: str) -> SubstitutionMatrix:
                 array = substitution_matrices.read(handle)
         except Exception as exc:  # Biopython raises assorted errors (even AssertionError) on bad files
             raise MatrixError(f"{spec}: cannot read a substitution matrix from this file ({exc!r})") from exc
-        return _from_biopython(path.name, array)
+        return _from_biopython(path.name, array, where=spec)
     names = available_matrices()
     by_upper = {n.upper(): n for n in names}
     if spec.upper() not in by_upper:

@@ -74,3 +74,43 @@ def test_unknown_as_must_be_in_the_alphabet():
         load_matrix("BLOSUM62").with_unknown_as("J")
     with pytest.raises(MatrixError, match="must be one letter"):
         load_matrix("BLOSUM62").with_unknown_as("XX")
+
+
+@pytest.mark.parametrize("entry, row, column", [("nan", "A", "C"), ("inf", "C", "A"), ("-inf", "C", "C"),
+                                               ("1e39", "A", "A")])
+def test_non_finite_matrix_file_entries_are_refused(tmp_path, entry, row, column):
+    cells = {("A", "A"): "2", ("A", "C"): "-1", ("C", "A"): "-1", ("C", "C"): "3", (row, column): entry}
+    path = tmp_path / "bad.mat"
+    path.write_text("   A  C\n" + "".join(f"{a} {cells[a, 'A']} {cells[a, 'C']}\n" for a in "AC"))
+    with pytest.raises(MatrixError) as info:
+        load_matrix(str(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}: the score of row {row}, column {column} is ")
+    assert "finite" in message and "\n" not in message
+
+
+def test_every_named_matrix_passes_the_finite_check():
+    for name in available_matrices():
+        try:
+            load_matrix(name)
+        except MatrixError as exc:  # SCHNEIDER, a codon matrix, is refused for its shape
+            assert "finite" not in str(exc), exc
+
+
+@pytest.mark.parametrize("check, good, bad", [
+    ("check_temperature", [0.0, 1.0, 1e30], [float("inf"), float("nan"), -1.0, 1e39]),
+    ("check_gap", [0.0, -4.0, -1e30], [float("-inf"), float("nan"), 4.0, -1e39]),
+])
+def test_option_checks_refuse_non_finite_values_as_usage_errors(check, good, bad):
+    import typer
+
+    from swcli import scoring
+
+    function = getattr(scoring, check)
+    option = "--temperature" if check == "check_temperature" else "--gap"
+    for value in good:
+        assert function(value) == value
+    for value in bad:
+        with pytest.raises(typer.BadParameter) as info:
+            function(value)
+        assert info.value.format_message().startswith(f"Invalid value for '{option}': {value} is not a finite")
