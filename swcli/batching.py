@@ -1,8 +1,11 @@
 """Chunks of pairs -> length-sorted, padded batches of codes on the compute device.
 
 A chunk bounds how many pairs are in memory at once (so memory stays flat whatever the input size);
-within a chunk, pairs are sorted by length so that each batch pads little, and each batch is cut to a
-budget of padded cells, which bounds the (B, M, N) score tensor wherever one is built (the reference).
+within a chunk, pairs are sorted by length so that each batch pads little, and each batch is cut to two
+budgets: padded residues, b * (M + N), which bound the padded code tensors (and the engines' per-pair
+rows) whatever the mix of lengths, so one huge pair among short ones gets a batch of its own instead of
+widening every row of the chunk to its length; and padded cells, b * M * N, which bound the (B, M, N)
+score tensor wherever one is built (the reference). A pair over either budget alone is a batch of one.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from dataclasses import dataclass
 import torch
 
 DEFAULT_MAX_CELLS = 1 << 26  # padded cells per batch: 256 MiB of float32 scores where S is built
+# Padded residues per batch (query and target rows together): 16 MiB of uint8 codes on the host and as
+# much on the device, plus what the engines keep per padded row (CUDA: a float per query residue for
+# long targets). 4,096 pairs of proteins up to 2,048 residues each still fit in one batch.
+DEFAULT_MAX_RESIDUES = 1 << 24
 
 
 @dataclass
@@ -47,9 +54,12 @@ def pad_codes(codes: list[bytes], device=None) -> tuple[torch.Tensor, torch.Tens
 
 
 def make_batches(
-    query_codes: list[bytes], target_codes: list[bytes], max_cells: int = DEFAULT_MAX_CELLS, device=None
+    query_codes: list[bytes], target_codes: list[bytes], max_cells: int = DEFAULT_MAX_CELLS, device=None,
+    max_residues: int = DEFAULT_MAX_RESIDUES,
 ) -> list[Batch]:
-    """Sort the chunk's pairs by length and cut it into batches of at most max_cells padded cells."""
+    """Sort the chunk's pairs by length and cut it into batches of at most max_cells padded cells
+    (b * M * N) and at most max_residues padded residues (b * (M + N)); a pair over a budget by itself
+    gets a batch of its own."""
     lengths = list(zip(map(len, query_codes), map(len, target_codes)))
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     groups: list[list[int]] = []
@@ -57,7 +67,9 @@ def make_batches(
     for k in order:
         q, t = lengths[k]
         grown_rows, grown_cols = max(rows, q), max(cols, t)
-        if groups and (len(groups[-1]) + 1) * grown_rows * grown_cols <= max_cells:
+        size = len(groups[-1]) + 1 if groups else 1
+        if (groups and size * grown_rows * grown_cols <= max_cells
+                and size * (grown_rows + grown_cols) <= max_residues):
             groups[-1].append(k)
             rows, cols = grown_rows, grown_cols
         else:

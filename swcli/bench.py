@@ -94,7 +94,7 @@ def real_batch(records: list[FastaRecord], count: int, device=None):
     pairs = random_pairs(records, count)
     q = [matrix.encode(a.sequence, a.where) for a, _ in pairs]
     t = [matrix.encode(b.sequence, b.where) for _, b in pairs]
-    (batch,) = make_batches(q, t, max_cells=1 << 62, device=device)
+    (batch,) = make_batches(q, t, max_cells=1 << 62, max_residues=1 << 62, device=device)
     return batch, matrix.tensor(device=device)
 
 
