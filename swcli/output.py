@@ -1,20 +1,40 @@
-"""The TSV writer: stdout, or a file written atomically (a temporary file renamed into place on success).
+"""The TSV writer, and what `-o PATH` does with each kind of path.
 
-On an error or Ctrl-C the temporary file is removed, so a failed run never leaves a partial output file.
+- none or `-`: stdout, written as the rows come, a chunk of whole rows at a time.
+- a new path, or an existing regular file: the rows go to a temporary file beside the target,
+  `.NAME.swcli-HOST-PID.part`, renamed over it once the output is complete (atomic: a run that fails or
+  is interrupted leaves the old file as it was). An existing file keeps its mode (and its owner and
+  group where the process may set them: as root, or the user's own file).
+- an existing regular file that a rename would change in another way is written in place instead, once
+  the whole output is ready in the temporary file: one with other hard links (a rename would cut them),
+  one owned by another user (a non-root rename would take it over), one in a folder where no temporary
+  file can be created (the temporary file then goes to $TMPDIR). That copy is short but not atomic:
+  signals wait for it, a crash or a power loss during it can leave a mix.
+- an existing file this user may not write (mode 444 for a non-root user) is refused with an error,
+  as cp and the shell's `>` refuse it; root may write it, as with cp and `>`, and its mode is kept.
+- a symlink: followed to its final target, which is then written as above (the link stays a link).
+- a character or block device (/dev/null), a FIFO: opened and written directly, like stdout.
+- a folder, or a missing parent folder: an error.
+
+A temporary file left by a process that died without cleaning up (SIGKILL, a power loss) is removed by
+the next run that writes the same PATH from the same host (the pid in the name is not alive any more).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import stat
 import struct
 import sys
 import tempfile
 from pathlib import Path
 
+from swcli import interrupt
 from swcli.errors import SwcliError
 
 COLUMNS = ("query", "target", "qlen", "tlen", "score")
+_COPY_BLOCK = 1 << 20
 
 
 def _float32(value: float) -> float:
@@ -33,46 +53,244 @@ def format_score(value: float) -> str:
     return repr(value)  # unreachable: 9 digits always round-trip a float32
 
 
+def _host() -> str:
+    name = os.uname().nodename or "host"
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
+
+
+def temporary_name(target_name: str, pid: int | None = None) -> str:
+    """The temporary file's name for a target file name: `.NAME.swcli-HOST-PID.part`."""
+    return f".{target_name[:128]}.swcli-{_host()}-{os.getpid() if pid is None else pid}.part"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str, target_name: str) -> list[str]:
+    """Remove the temporary files of `target_name` in `folder` left by dead processes of this host."""
+    prefix, removed = temporary_name(target_name, 0)[: -len("0.part")], []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(".part")):
+            continue
+        pid = entry.name[len(prefix): -len(".part")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            try:
+                os.unlink(entry.path)
+                removed.append(entry.path)
+            except OSError:
+                pass
+    return removed
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _error(path, why: str) -> SwcliError:
+    return SwcliError(f"{path}: cannot write output ({why})")
+
+
 class TsvWriter:
-    """Context manager writing `query target qlen tlen score` rows; path None or '-' is stdout."""
+    """Context manager writing `query target qlen tlen score` rows; path None or '-' is stdout.
+
+    The header goes out with the first rows (or at the end, when there are none), so an error found in
+    the first chunk of input leaves no output at all, not even on stdout.
+    """
 
     def __init__(self, path: str | None, header: bool = True):
         self.path = None if path in (None, "-") else Path(path)
+        self._given = "" if path is None else str(path)
         self.header = header
-        self._handle = None
-        self._temporary: Path | None = None
+        self.mode: str | None = None  # stdout, direct, replace or in-place, once entered
+        self._handle = None  # what the rows are written to
+        self._temporary: str | None = None
+        self._target: str | None = None  # the file that gets the output (a symlink resolved)
+        self._target_fd: int | None = None  # in-place: the target, open for writing since the start
+        self._started = False
+
+    # ------------------------------------------------------------------------------------------ open
 
     def __enter__(self) -> TsvWriter:
         if self.path is None:
-            self._handle = sys.stdout
-        else:
-            if self.path.is_dir():
-                raise SwcliError(f"{self.path}: is a directory; give -o a file name")
-            if not self.path.parent.is_dir():
-                raise SwcliError(f"{self.path}: cannot write output, directory {self.path.parent} does not exist")
+            self.mode, self._handle = "stdout", sys.stdout
+            return self
+        given = self.path
+        if self._given.endswith(("/", os.sep)) and not os.path.isdir(given):
+            raise SwcliError(f"{self._given}: not a directory; give -o a file name")
+        target = os.path.realpath(given)  # a symlink is written through, to its final target
+        try:
+            info = os.stat(target)
+        except FileNotFoundError:
+            info = None
+        except OSError as exc:  # a symlink loop, a component that is not a folder, ...
+            raise _error(given, exc.strerror) from None
+        self._target = target
+        if info is not None and stat.S_ISDIR(info.st_mode):
+            raise SwcliError(f"{given}: is a directory; give -o a file name")
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            self._open_direct(given, target)  # a device, a FIFO: as the shell's `>` writes them
+            return self
+        folder = os.path.dirname(target)
+        if not os.path.isdir(folder):
+            raise SwcliError(f"{given}: cannot write output, directory {folder} does not exist")
+        if info is None:
+            self._open_temporary(given, folder, os.path.basename(target), 0o666 & ~_umask())
+            self.mode = "replace"
+            return self
+        if not os.access(target, os.W_OK):
+            raise _error(given, "the file is read-only for this user: make it writable or remove it first")
+        in_place = info.st_nlink > 1 or (os.geteuid() != 0 and info.st_uid != os.geteuid())
+        if not in_place:
             try:
-                fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".part")
+                self._open_temporary(given, folder, os.path.basename(target), stat.S_IMODE(info.st_mode),
+                                     info, quiet=True)
+            except PermissionError:  # the folder takes no new file; the file itself is writable
+                in_place = True
+        if in_place:
+            try:
+                self._target_fd = os.open(target, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
             except OSError as exc:
-                raise SwcliError(f"{self.path}: cannot write output ({exc.strerror})") from None
-            self._temporary = Path(name)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-            self._handle = os.fdopen(fd, "w", newline="\n")
-        if self.header:
-            self._handle.write("\t".join(COLUMNS) + "\n")
+                raise _error(given, exc.strerror) from None
+            try:
+                self._open_temporary(given, folder, os.path.basename(target), 0o600, fallback=True)
+            except BaseException:
+                os.close(self._target_fd)
+                raise
+        self.mode = "in-place" if in_place else "replace"
         return self
 
+    def _open_direct(self, given, target: str) -> None:
+        try:
+            fd = os.open(target, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))  # a FIFO waits for a reader
+        except OSError as exc:
+            raise _error(given, exc.strerror) from None
+        self.mode, self._handle = "direct", os.fdopen(fd, "w", newline="\n")
+
+    def _open_temporary(self, given, folder: str, name: str, mode: int, like=None, quiet=False,
+                        fallback=False) -> None:
+        """Create the temporary file in `folder` (or $TMPDIR if fallback and the folder refuses it)."""
+        folders = [folder, tempfile.gettempdir()] if fallback else [folder]
+        for k, where in enumerate(folders):
+            remove_stale_temporaries(where, name)
+            path = os.path.join(where, temporary_name(name))
+            interrupt.register_temporary(path)  # before it exists: a signal in between removes it
+            try:
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+                except FileExistsError:  # this pid's, so left by a dead process of the same pid
+                    os.unlink(path)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+            except OSError as exc:
+                interrupt.unregister_temporary(path)
+                if k + 1 < len(folders) and isinstance(exc, PermissionError):
+                    continue
+                if quiet and isinstance(exc, PermissionError):
+                    raise
+                raise _error(given, exc.strerror) from None
+            break
+        if like is not None:
+            try:
+                os.fchown(fd, like.st_uid, like.st_gid)
+            except OSError:
+                try:
+                    os.fchown(fd, -1, like.st_gid)  # a group of this user's
+                except OSError:
+                    pass
+        os.fchmod(fd, mode)  # after fchown, which may clear set-id bits
+        self._temporary = path
+        self._handle = os.fdopen(fd, "w", newline="\n")
+
+    # ----------------------------------------------------------------------------------------- write
+
+    def _streaming(self) -> bool:
+        return self.mode in ("stdout", "direct")
+
+    def _start(self) -> None:
+        self._started = True
+        if self.header:
+            self._handle.write("\t".join(COLUMNS) + "\n")
+
     def write(self, query: str, target: str, qlen: int, tlen: int, score: float) -> None:
-        self._handle.write(f"{query}\t{target}\t{qlen}\t{tlen}\t{format_score(score)}\n")
+        self.write_rows(((query, target, qlen, tlen, score),), flush=False)
+
+    def write_rows(self, rows, flush: bool = True) -> None:
+        """Write rows of (query, target, qlen, tlen, score); a stream gets them as whole rows."""
+        text = "".join(f"{q}\t{t}\t{ql}\t{tl}\t{format_score(s)}\n" for q, t, ql, tl, s in rows)
+        if not self._streaming():
+            if not self._started:
+                self._start()
+            self._handle.write(text)
+            return
+        with interrupt.protected():  # a signal waits for the rows and the flush
+            if not self._started:
+                self._start()
+            self._handle.write(text)
+            if flush:
+                self._handle.flush()
+
+    # ---------------------------------------------------------------------------------------- finish
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        if self._temporary is None:
-            if exc_type is None:
-                self._handle.flush()
+        if self._streaming():
+            with interrupt.protected():
+                if exc_type is None and not self._started:
+                    self._start()
+                try:
+                    self._handle.flush()
+                finally:
+                    if self.mode == "direct":
+                        self._handle.close()
             return
-        self._handle.close()
-        if exc_type is None:
-            os.replace(self._temporary, self.path)
-        else:
-            self._temporary.unlink(missing_ok=True)
+        try:
+            if exc_type is None:
+                if not self._started:
+                    self._start()
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+            self._handle.close()
+            if exc_type is None:
+                with interrupt.protected():
+                    interrupt.check()  # a signal that arrived during the last rows: keep the old file
+                    if self.mode == "replace":
+                        os.replace(self._temporary, self._target)
+                    else:
+                        self._copy_in_place()
+        except OSError as exc:
+            if exc_type is None:
+                raise _error(self.path, exc.strerror) from None
+        finally:
+            if self._target_fd is not None:
+                os.close(self._target_fd)
+            if self._temporary is not None:
+                try:
+                    os.unlink(self._temporary)
+                except FileNotFoundError:
+                    pass
+                interrupt.unregister_temporary(self._temporary)
+
+    def _copy_in_place(self) -> None:
+        """The complete output, from the temporary file into the target itself (its links kept)."""
+        fd = self._target_fd
+        size = 0
+        with open(self._temporary, "rb") as source:
+            os.lseek(fd, 0, os.SEEK_SET)
+            while block := source.read(_COPY_BLOCK):
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(fd, view):]
+                size += len(block)
+        os.ftruncate(fd, size)
+        os.fsync(fd)

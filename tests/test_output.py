@@ -2,12 +2,14 @@
 
 import os
 import random
+import stat
 import struct
+import threading
 
 import pytest
 
 from swcli.errors import SwcliError
-from swcli.output import TsvWriter, format_score
+from swcli.output import TsvWriter, format_score, temporary_name
 
 
 def as_float32(x):
@@ -68,3 +70,192 @@ def test_bad_output_paths(tmp_path):
     with pytest.raises(SwcliError, match="does not exist"):
         with TsvWriter(str(tmp_path / "missing" / "out.tsv")):
             pass
+
+
+# ------------------------------------------------------------------ what -o does with each kind of path
+
+def write_one(path, score=2.5):
+    with TsvWriter(str(path)) as writer:
+        writer.write("q", "t", 1, 1, score)
+
+
+NEW = "query\ttarget\tqlen\ttlen\tscore\nq\tt\t1\t1\t2.5\n"
+
+
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o604])
+def test_an_existing_file_keeps_its_mode(tmp_path, umask_022, mode):
+    path = tmp_path / "out.tsv"
+    path.write_text("old\n")
+    path.chmod(mode)
+    write_one(path)
+    assert path.read_text() == NEW
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert os.listdir(tmp_path) == ["out.tsv"]
+
+
+def test_a_new_file_gets_the_umask_mode_and_no_temporary_is_left(tmp_path, umask_022):
+    write_one(tmp_path / "new.tsv")
+    assert stat.S_IMODE((tmp_path / "new.tsv").stat().st_mode) == 0o644
+    assert os.listdir(tmp_path) == ["new.tsv"]
+
+
+def test_a_symlink_is_written_through_to_its_target(tmp_path):
+    elsewhere = tmp_path / "data"
+    elsewhere.mkdir()
+    target = elsewhere / "real.tsv"
+    target.write_text("old\n")
+    target.chmod(0o600)
+    link = tmp_path / "link.tsv"
+    link.symlink_to(target)
+    write_one(link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == NEW and stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["data", "link.tsv"] and os.listdir(elsewhere) == ["real.tsv"]
+
+
+def test_a_dangling_symlink_creates_its_target(tmp_path):
+    link = tmp_path / "link.tsv"
+    link.symlink_to(tmp_path / "made.tsv")
+    write_one(link)
+    assert link.is_symlink() and (tmp_path / "made.tsv").read_text() == NEW
+
+
+def test_a_fifo_is_written_directly(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+
+    def reader():
+        with open(fifo) as handle:
+            received.append(handle.read())
+
+    thread = threading.Thread(target=reader, daemon=True)  # daemon: a replaced FIFO would block it forever
+    thread.start()
+    write_one(fifo)
+    thread.join(timeout=10)
+    assert received == [NEW]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ["pipe"]
+
+
+def test_hard_links_are_kept(tmp_path):
+    path, other = tmp_path / "out.tsv", tmp_path / "other.tsv"
+    path.write_text("old content, longer than the new one " * 10 + "\n")
+    os.link(path, other)
+    inode = path.stat().st_ino
+    write_one(path)
+    assert path.read_text() == NEW and other.read_text() == NEW  # truncated to the new length
+    assert path.stat().st_ino == inode and path.stat().st_nlink == 2
+    assert sorted(os.listdir(tmp_path)) == ["other.tsv", "out.tsv"]
+
+
+def test_a_failed_run_leaves_hard_linked_files_untouched(tmp_path):
+    path, other = tmp_path / "out.tsv", tmp_path / "other.tsv"
+    path.write_text("old\n")
+    os.link(path, other)
+    with pytest.raises(RuntimeError):
+        with TsvWriter(str(path)) as writer:
+            writer.write("a", "b", 1, 1, 1.0)
+            raise RuntimeError("boom")
+    assert path.read_text() == "old\n" and other.read_text() == "old\n"
+    assert sorted(os.listdir(tmp_path)) == ["other.tsv", "out.tsv"]
+
+
+def test_a_read_only_file(tmp_path):
+    """Refused for a user who may not write it (as cp and `>` refuse); root writes it and keeps 444."""
+    path = tmp_path / "out.tsv"
+    path.write_text("old\n")
+    path.chmod(0o444)
+    if os.geteuid() == 0:
+        write_one(path)
+        assert path.read_text() == NEW and stat.S_IMODE(path.stat().st_mode) == 0o444
+    else:
+        with pytest.raises(SwcliError, match="out.tsv: cannot write output .*read-only"):
+            write_one(path)
+        assert path.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["out.tsv"]
+
+
+def test_dev_null_stays_a_character_device():
+    before = os.stat("/dev/null")
+    write_one("/dev/null")
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev and after.st_ino == before.st_ino
+
+
+def test_a_character_device_is_written_directly(tmp_path):
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # another /dev/null
+        with open(node, "w") as handle:
+            handle.write("x")
+    except (PermissionError, OSError) as exc:
+        pytest.skip(f"cannot make or open a device node here ({exc})")
+    write_one(node)
+    assert stat.S_ISCHR(os.stat(node).st_mode) and os.listdir(tmp_path) == ["null"]
+
+
+def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / temporary_name("out.tsv", dead_pid)
+    live = tmp_path / temporary_name("out.tsv", os.getppid())  # a live process's: kept
+    other = tmp_path / temporary_name("another.tsv", dead_pid)  # another output's: not ours to judge
+    for path in (stale, live, other):
+        path.write_text("partial\n")
+    assert stale.name == f".out.tsv.swcli-{stale.name.split('swcli-')[1].rsplit('-', 1)[0]}-{dead_pid}.part"
+    write_one(tmp_path / "out.tsv")
+    assert sorted(os.listdir(tmp_path)) == sorted(["out.tsv", live.name, other.name])
+
+
+def test_stdout_gets_nothing_when_the_first_rows_fail(capsys):
+    with pytest.raises(SwcliError):
+        with TsvWriter(None) as writer:
+            raise SwcliError("bad input found before the first row")
+    assert capsys.readouterr().out == ""
+    with TsvWriter(None) as writer:  # no rows at all: the header alone
+        pass
+    assert capsys.readouterr().out == "query\ttarget\tqlen\ttlen\tscore\n"
+
+
+def test_write_rows_to_stdout_writes_whole_rows(capsys):
+    with TsvWriter(None, header=False) as writer:
+        writer.write_rows([("a", "b", 1, 2, 3.25), ("c", "d", 4, 5, 6.5)])
+        assert capsys.readouterr().out == "a\tb\t1\t2\t3.25\nc\td\t4\t5\t6.5\n"  # flushed at once
+
+
+def test_a_trailing_slash_names_a_directory(tmp_path):
+    with pytest.raises(SwcliError, match="not a directory"):
+        write_one(str(tmp_path / "new") + "/")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_file_this_user_may_not_write_is_refused_and_kept(tmp_path, monkeypatch):
+    """What a non-root user gets for a 444 file (simulated here: the suite runs as root in CI)."""
+    path = tmp_path / "out.tsv"
+    path.write_text("old\n")
+    path.chmod(0o444)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(path) else real_access(p, mode, **kw))
+    with pytest.raises(SwcliError, match=r"out.tsv: cannot write output \(the file is read-only for this user"):
+        write_one(path)
+    assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["out.tsv"]
+
+
+def test_another_users_file_is_written_in_place_by_a_non_root_user(tmp_path, monkeypatch):
+    path = tmp_path / "out.tsv"
+    path.write_text("old\n")
+    inode = path.stat().st_ino
+    monkeypatch.setattr(os, "geteuid", lambda: path.stat().st_uid + 1)  # someone else, not root
+    write_one(path)
+    assert path.read_text() == NEW and path.stat().st_ino == inode and os.listdir(tmp_path) == ["out.tsv"]
