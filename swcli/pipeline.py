@@ -5,13 +5,16 @@ Output order is input order: each chunk's scores are put back in place before it
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import torch
 
+from swcli import interrupt
 from swcli.batching import DEFAULT_MAX_CELLS, Batch, chunked, make_batches
 from swcli.fasta import FastaRecord
 from swcli.ops import score_checked_codes
@@ -114,33 +117,76 @@ def score_chunk(chunk: list[tuple[FastaRecord, FastaRecord]], settings: Settings
 
 def align(pairs: Iterable[tuple[FastaRecord, FastaRecord]], settings: Settings, stats: Stats | None = None,
           on_chunk=None) -> Iterator[Alignment]:
-    """Alignments of the pairs, in input order, scored chunk by chunk; on_chunk(stats) after each.
+    """Alignments of the pairs, in input order, scored chunk by chunk; on_chunk(stats) after each."""
+    for alignments in align_chunks(pairs, settings, stats, on_chunk):
+        yield from alignments
+
+
+def align_chunks(pairs: Iterable[tuple[FastaRecord, FastaRecord]], settings: Settings,
+                 stats: Stats | None = None, on_chunk=None) -> Iterator[list[Alignment]]:
+    """The alignments of each chunk of pairs, in input order; on_chunk(stats) after each chunk.
 
     The scores of chunk k are computed in a worker thread (the engines release the GIL) while this
     thread reads and encodes chunk k+1 and the caller writes the rows of chunk k-1: one chunk is
-    scored at a time, and at most three are in memory.
+    scored at a time, and at most three are in memory. This thread waits for a chunk's scores in short
+    timed waits, so that a signal handler (cli: swcli.interrupt) runs within a fraction of a second even
+    while one long engine call runs. On an error, or when the caller stops early, the call in progress
+    is not waited for: it cannot be stopped, and it ends on its own (or with the process: the CLI then
+    leaves through os._exit, see scoring_in_progress).
     """
     stats = stats if stats is not None else Stats()
     matrix = settings.matrix.tensor(device=settings.device)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-score")
+    finished = False
     try:
         previous = None
         for chunk in chunked(pairs, settings.chunk_size):
             batches = encode_chunk(chunk, settings)
-            scoring = pool.submit(score_batches, batches, len(chunk), settings, matrix, stats)
+            scoring = pool.submit(_counted, score_batches, batches, len(chunk), settings, matrix, stats)
             if previous is not None:
-                yield from _finish(*previous, stats, on_chunk)
+                yield _finish(*previous, stats, on_chunk)
             previous = (chunk, scoring)
         if previous is not None:
-            yield from _finish(*previous, stats, on_chunk)
+            yield _finish(*previous, stats, on_chunk)
+        finished = True
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=finished, cancel_futures=True)
 
 
-def _finish(chunk, scoring: Future, stats: Stats, on_chunk) -> Iterator[Alignment]:
-    scores = scoring.result()
+_running = 0  # engine calls in progress in scoring threads
+_running_lock = threading.Lock()
+
+WAIT_SECONDS = 0.1  # how long the main thread sleeps at a time while a chunk is scored
+
+
+def _counted(function, *args):
+    global _running
+    with _running_lock:
+        _running += 1
+    try:
+        return function(*args)
+    finally:
+        with _running_lock:
+            _running -= 1
+
+
+def scoring_in_progress() -> bool:
+    """Whether a scoring thread is inside a call (after an error or a signal cut its chunk short): a
+    process that ends normally would wait for it, at exit, for as long as the call takes."""
+    return _running > 0
+
+
+def _wait(scoring: Future):
+    while True:
+        try:
+            return scoring.result(timeout=WAIT_SECONDS)
+        except FutureTimeout:
+            interrupt.check()
+
+
+def _finish(chunk, scoring: Future, stats: Stats, on_chunk) -> list[Alignment]:
+    scores = _wait(scoring)
     stats.pairs += len(chunk)
     if on_chunk is not None:
         on_chunk(stats)
-    for (query, target), score in zip(chunk, scores):
-        yield Alignment(query, target, score)
+    return [Alignment(query, target, score) for (query, target), score in zip(chunk, scores)]

@@ -85,7 +85,9 @@ class SubstitutionMatrix:
         return codes
 
     def _invalid(self, sequence: str, position: int, where: Callable[[], str]):
-        hint = "" if self.unknown_as else "; use --unknown-as X to score unknown letters as X"
+        wildcard = next((w for w in "XN*" if w in self.alphabet), None)  # the matrix's any-residue letter
+        hint = ("" if self.unknown_as or wildcard is None
+                else f"; use --unknown-as {wildcard} to score unknown letters as {wildcard}")
         raise AlphabetError(
             f"{where()}: invalid letter {sequence[position]!r} at position {position + 1} "
             f"(not in the {self.name} alphabet {self.alphabet}{hint})"

@@ -122,67 +122,7 @@ def test_reference_backend_agrees(pair_files, capsys):
 
 # ---------------------------------------------------------------------------------------------- errors
 
-def bad_inputs(tmp_path):
-    good = write_fasta(tmp_path / "good.fa", [("a", "MKV"), ("b", "MKW")])
-    three = write_fasta(tmp_path / "three.fa", [("a", "MKV"), ("b", "MKW"), ("c", "MK")])
-    empty = tmp_path / "empty.fa"
-    empty.write_text("")
-    fastq = tmp_path / "reads.fq"
-    fastq.write_text("@r1\nACGT\n+\nIIII\n")
-    return {
-        "missing file": (["align", str(tmp_path / "nope.fa")], 1, "nope.fa: no such file"),
-        "directory": (["align", str(tmp_path)], 1, "is a directory"),
-        "empty file": (["align", str(empty)], 1, "empty.fa: empty file"),
-        "fastq": (["align", str(fastq)], 1, "reads.fq: line 1: expected a FASTA header"),
-        "empty sequence": (["align", write_fasta(tmp_path / "e.fa", [("a", "MK"), ("b", "")])], 1,
-                           r"e.fa: record 2 \(b\): empty sequence"),
-        "invalid letter": (["align", write_fasta(tmp_path / "j.fa", [("a", "MK"), ("b", "MKJV")])], 1,
-                           r"j.fa: record 2 \(b\): invalid letter 'J' at position 3"),
-        "unequal counts": (["align", three, good], 1, "unequal record counts"),
-        "odd count": (["align", three], 1, r"odd number of records \(3\)"),
-        "unknown matrix": (["align", good, "-m", "BLOSUM99"], 1, "unknown matrix 'BLOSUM99'.*BLOSUM62, BLOSUM80"),
-        "negative temperature": (["align", good, "-t", "-1"], 2, "--temperature"),
-        "positive gap": (["align", good, "--gap", "4"], 2, "--gap"),
-        "unknown option": (["align", good, "--frobnicate"], 2, "No such option"),
-        "stdin twice": (["align", "-", "-"], 1, "stdin"),
-        "bad unknown-as": (["align", good, "--unknown-as", "J"], 1, "--unknown-as 'J'"),
-    }
-
-
-ERROR_CASES = ["missing file", "directory", "empty file", "fastq", "empty sequence", "invalid letter",
-               "unequal counts", "odd count", "unknown matrix", "negative temperature", "positive gap",
-               "unknown option", "stdin twice", "bad unknown-as"]
-
-
-@pytest.mark.parametrize("case", ERROR_CASES)
-def test_error_paths(tmp_path, capsys, case):
-    cases = bad_inputs(tmp_path)
-    assert sorted(cases) == sorted(ERROR_CASES)
-    argv, expected_code, message = cases[case]
-    out_path = tmp_path / "out" / "result.tsv"
-    out_path.parent.mkdir()
-    code, out, err = run(argv + ["-o", str(out_path)], capsys)
-    assert code == expected_code
-    assert err.count("\n") == 1 and err.startswith("swcli: ")
-    assert __import__("re").search(message, err), err
-    assert "Traceback" not in err and out == ""
-    assert list(out_path.parent.iterdir()) == []
-
-
-def test_error_after_output_started_leaves_no_file(tmp_path, capsys):
-    records = [(f"r{k}", "MKVLA") for k in range(9)] + [("bad", "MKV1"), ("r9", "MK")]
-    path = write_fasta(tmp_path / "x.fa", records)
-    out_path = tmp_path / "result.tsv"
-    code, _, err = run(["align", path, "--chunk-size", "1", "-o", str(out_path)], capsys)
-    assert code == 1 and "record 10 (bad): invalid letter '1' at position 4" in err
-    assert list(tmp_path.iterdir()) == [Path(path)]
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_cuda_backend_without_gpu(tmp_path, capsys):
-    path = write_fasta(tmp_path / "x.fa", [("a", "MK"), ("b", "MK")])
-    code, _, err = run(["align", path, "--backend", "cuda"], capsys)
-    assert code == 1 and "no CUDA device" in err
+# The catalogue of bad inputs through the CLI is tests/test_bad_inputs.py.
 
 
 # -------------------------------------------------------------------------------------- real processes
@@ -217,21 +157,6 @@ def test_broken_pipe_is_quiet(tmp_path):
     assert result.stderr == ""
 
 
-def test_engine_build_failure_is_one_line_before_any_output(tmp_path, capsys, monkeypatch):
-    import swcli._build
-    import swcli.ops
-
-    def no_compiler():
-        raise swcli._build.BuildError("no C++ compiler found (looked for 'c++'; set CXX or install g++)")
-
-    monkeypatch.setattr(swcli._build, "cpu_engine", no_compiler)
-    monkeypatch.setattr(swcli.ops, "_loaded", set())  # as in a new process: no engine loaded yet
-    path = write_fasta(tmp_path / "x.fa", [("a", "MK"), ("b", "MK")])
-    code, out, err = run(["align", path, "--backend", "cpu"], capsys)
-    assert code == 1 and out == ""
-    assert err == "swcli: error: no C++ compiler found (looked for 'c++'; set CXX or install g++)\n"
-
-
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_interrupted_run_leaves_no_file(tmp_path, signal_name):
     import signal
@@ -252,3 +177,301 @@ def test_interrupted_run_leaves_no_file(tmp_path, signal_name):
     assert proc.returncode == 130, err
     assert "swcli: interrupted" in err and "Traceback" not in err
     assert list(out_path.parent.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------ bare, --version, inputs
+
+def test_bare_swcli_prints_the_help_and_exits_0():
+    result = subprocess.run([sys.executable, "-m", "swcli"], capture_output=True, text=True, timeout=60,
+                            env=subprocess_env())
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("Usage: swcli ") and "align" in result.stdout and "--version" in result.stdout
+
+
+def test_version_is_fast_and_imports_no_torch():
+    script = ("import sys\nfrom swcli.cli import main\ncode = main(['--version'])\n"
+              "assert 'torch' not in sys.modules, 'torch imported'\nsys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            env=subprocess_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "swcli 0.1.0\n"
+
+
+@pytest.mark.parametrize("case", ["missing targets", "odd count", "unequal counts", "bad letter"])
+def test_no_output_at_all_before_the_inputs_are_valid(tmp_path, capsys, case):
+    good = write_fasta(tmp_path / "good.fa", [("a", "MKV"), ("b", "MKW")])
+    three = write_fasta(tmp_path / "three.fa", [("a", "MKV"), ("b", "MKW"), ("c", "MK")])
+    argv = {"missing targets": ["align", good, str(tmp_path / "nope.fa")],
+            "odd count": ["align", three],
+            "unequal counts": ["align", good, three],
+            "bad letter": ["align", write_fasta(tmp_path / "j.fa", [("a", "MK"), ("b", "MKJ")])]}[case]
+    code, out, err = run(argv, capsys)
+    assert code == 1 and err.startswith("swcli: error: ") and err.count("\n") == 1
+    assert out == ""  # not even the header
+
+
+def test_the_suggested_unknown_as_works_with_every_matrix(tmp_path, capsys):
+    import re
+    import shlex
+
+    from Bio.Align import substitution_matrices
+
+    path = write_fasta(tmp_path / "dna.fa", [("a", "ACGTXACGT"), ("b", "ACGTNACGA")])
+    code, _, err = run(["align", path, "-m", "NUC.4.4", "-t", "0"], capsys)
+    assert code == 1 and "invalid letter 'X' at position 5" in err
+    suggestion = re.search(r"use (--unknown-as \S+)", err)
+    assert suggestion, err
+    code, out, err = run(["align", path, "-m", "NUC.4.4", "-t", "0", "--no-header", *shlex.split(suggestion[1])],
+                         capsys)
+    assert code == 0 and err == "", err
+    nuc = substitution_matrices.load("NUC.4.4")
+    assert float(read_tsv(out)[0][4]) == biopython_score("ACGTNACGT", "ACGTNACGA", -4.0, nuc)
+
+
+def test_the_progress_bar_counts_input_bytes_with_a_total(tmp_path, capsys, monkeypatch):
+    import tqdm
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total=None, unit="it", **options):
+            self.total, self.unit, self.n, self.updates = total, unit, 0, []
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            self.n += n
+            self.updates.append(self.n)
+
+        def set_postfix_str(self, text, refresh=True):
+            self.postfix = text
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    queries = write_fasta(tmp_path / "q.fa", [(f"q{k}", "MKVLAWYPGH" * (k % 7 + 1)) for k in range(60)])
+    targets = write_fasta(tmp_path / "t.fa.gz", [(f"t{k}", "MKWLAHYPGV" * (k % 5 + 1)) for k in range(60)],
+                          compress=True)
+    code, _, _ = run(["align", queries, targets, "--chunk-size", "7"], capsys)
+    size = os.path.getsize(queries) + os.path.getsize(targets)
+    assert code == 0 and len(bars) == 1
+    bar = bars[0]
+    assert bar.unit == "B" and bar.total == size and bar.n == size
+    assert bar.updates == sorted(bar.updates) and len(bar.updates) > 2 and "60 pairs" in bar.postfix
+
+
+def test_input_bytes_follow_the_open_file(tmp_path):
+    from swcli.commands import InputBytes
+    from swcli.fasta import read_fasta
+
+    path = write_fasta(tmp_path / "x.fa", [(f"r{k}", "MKVLAWYPGH" * 200) for k in range(200)])
+    measure = InputBytes.of([path])
+    assert measure.total == os.path.getsize(path) and measure.done() == 0
+    records = read_fasta(path)
+    next(records)
+    first = measure.done()
+    for _ in range(150):
+        next(records)
+    assert 0 < first < measure.done() < measure.total
+    assert InputBytes.of(["-"]) is None and InputBytes.of([path, "/dev/null"]) is None
+
+
+# ---------------------------------------------------------------------------------- -o through the CLI
+
+def test_output_to_a_fifo_and_to_dev_null(tmp_path, capsys):
+    import stat
+    import threading
+
+    path = write_fasta(tmp_path / "x.fa", [("a", "MKVL"), ("b", "MKWL")])
+    _, expected, _ = run(["align", path], capsys)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    thread = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    thread.start()
+    code, out, err = run(["align", path, "-o", str(fifo)], capsys)
+    thread.join(timeout=10)
+    assert code == 0 and out == "" and err == "" and received == [expected]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    code, _, _ = run(["align", path, "-o", "/dev/null"], capsys)
+    assert code == 0 and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+# ------------------------------------------------------------------------ signals, in real processes
+
+def slow_input(tmp_path, length=12000, pairs=1):
+    """Pairs that take seconds to score on the CPU (12,000 x 12,000: about 4 s on two cores)."""
+    import random
+
+    rng = random.Random(7)
+    records = [(f"s{k}", "".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(length)))
+               for k in range(2 * pairs)]
+    return write_fasta(tmp_path / f"slow{length}.fa", records)
+
+
+@pytest.fixture(scope="module")
+def engine_built():
+    """The CPU engine in the cache first: a signal test must not land in (and leave) a first compile."""
+    from swcli.ops import prepare_backend
+
+    prepare_backend("cpu")
+
+
+def start(argv, tmp_path):
+    return subprocess.Popen([sys.executable, "-m", "swcli", *argv], env=subprocess_env(), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_temporary(folder, proc, limit=120):
+    """Wait until the run has its temporary output file (imports and engine done, scoring begun)."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while not any(name.endswith(".part") for name in os.listdir(folder)):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be interrupted"
+        time.sleep(0.02)
+
+
+def interpreter_start_seconds():
+    import time
+
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.7, 1.0, 1.5])
+def test_an_early_signal_is_never_lost(tmp_path, engine_built, signal_name, delay):
+    """Whenever the signal lands (imports, the engine load, reading, scoring): 130, one line, no
+    traceback, the existing file byte for byte, nothing left beside it."""
+    import signal
+    import time
+
+    if delay < 0.1 and interpreter_start_seconds() > 0.8 * delay:
+        pytest.skip("the machine is too loaded: the signal would land in the interpreter's own start")
+    path = slow_input(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    existing = out / "result.tsv"
+    existing.write_bytes(b"old\tcontent\n" * 100)
+    proc = start(["align", path, "-o", str(existing)], tmp_path)
+    time.sleep(delay)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(getattr(signal, signal_name))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr == "swcli: interrupted\n" and stdout == ""
+    assert existing.read_bytes() == b"old\tcontent\n" * 100 and os.listdir(out) == ["result.tsv"]
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_does_not_wait_for_a_long_engine_call(tmp_path, engine_built, signal_name):
+    """One 20,000 x 20,000 pair takes about 10 s on this machine's CPU, in one engine call."""
+    import signal
+    import time
+
+    path = slow_input(tmp_path, 20000)
+    out = tmp_path / "out"
+    out.mkdir()
+    existing = out / "result.tsv"
+    existing.write_text("old\n")
+    proc = start(["align", path, "-o", str(existing)], tmp_path)
+    wait_for_temporary(out, proc)
+    time.sleep(0.5)  # inside the engine call
+    sent = time.monotonic()
+    proc.send_signal(getattr(signal, signal_name))
+    _, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode == 130 and stderr == "swcli: interrupted\n"
+    assert existing.read_text() == "old\n" and os.listdir(out) == ["result.tsv"]
+
+
+def test_an_error_does_not_wait_for_a_long_engine_call(tmp_path, engine_built):
+    import time
+
+    big = Path(slow_input(tmp_path, 20000)).read_text()
+    path = tmp_path / "late.fa"
+    path.write_text(big + ">x\nMKV1\n>y\nMK\n")
+    started = time.monotonic()
+    proc = start(["align", str(path), "--chunk-size", "1", "-o", "out.tsv"], tmp_path)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "record 3 (x): invalid letter '1'" in stderr
+    assert time.monotonic() - started < 6.0  # the call on the first pair takes 10 s
+    assert sorted(os.listdir(tmp_path)) == ["late.fa", "slow20000.fa"]
+
+
+def test_a_killed_run_leaves_a_temporary_that_the_next_run_removes(tmp_path, engine_built):
+    import signal
+
+    path = slow_input(tmp_path, 8000)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = start(["align", path, "-o", str(out / "result.tsv")], tmp_path)
+    wait_for_temporary(out, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    left = os.listdir(out)
+    assert len(left) == 1 and left[0].startswith(".result.tsv.swcli-") and left[0].endswith(f"-{proc.pid}.part")
+    small = write_fasta(tmp_path / "x.fa", [("a", "MK"), ("b", "MK")])
+    again = start(["align", small, "-o", str(out / "result.tsv")], tmp_path)
+    again.communicate(timeout=120)
+    assert again.returncode == 0 and os.listdir(out) == ["result.tsv"]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/usage.md"])
+def test_the_tsv_examples_in_the_docs_are_what_the_program_prints(capsys, doc):
+    text = (Path(EXAMPLE).parent.parent / doc).read_text()
+    blocks = [b for b in text.split("```") if b.lstrip("\n").startswith("query\ttarget")]
+    assert blocks, f"{doc} shows no TSV"
+    _, out, _ = run(["align", EXAMPLE], capsys)
+    printed = out.splitlines()
+    for block in blocks:
+        lines = block.strip("\n").splitlines()
+        assert lines == printed[: len(lines)], doc
+
+
+def test_rows_on_stdout_stay_whole_when_interrupted(tmp_path, engine_built):
+    import signal
+
+    path = write_fasta(tmp_path / "x.fa", [(f"r{k}", "MKVLAWYPGHE" * 60) for k in range(6000)])
+    proc = start(["align", path, "--chunk-size", "64"], tmp_path)
+    first = [proc.stdout.readline() for _ in range(3)]  # rows are coming
+    proc.send_signal(signal.SIGINT)
+    rest, stderr = proc.communicate(timeout=60)
+    lines = "".join(first) + rest
+    assert proc.returncode == 130 and stderr == "swcli: interrupted\n"
+    assert lines.endswith("\n") and len(lines.splitlines()) < 6001
+    assert all(len(line.split("\t")) == 5 for line in lines.splitlines())
+
+
+def test_a_signal_in_a_protected_section_waits_for_its_end(tmp_path, monkeypatch):
+    """The handler itself, without a real signal: os._exit replaced by an exception."""
+    from swcli import interrupt
+
+    class Exited(BaseException):
+        pass
+
+    def fake_exit(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    monkeypatch.setattr(interrupt, "_received", None)
+    temporary = tmp_path / ".out.tsv.swcli-host-1.part"
+    temporary.write_text("partial\n")
+    interrupt.register_temporary(str(temporary))
+    try:
+        with pytest.raises(Exited) as exited:
+            with interrupt.protected():
+                interrupt._handler(2, None)  # recorded; the section goes on
+                assert temporary.exists() and interrupt.received() == 2
+                (tmp_path / "done").write_text("the section ran to its end\n")
+        assert exited.value.args == (130,)
+        assert (tmp_path / "done").exists() and not temporary.exists()
+        with pytest.raises(Exited):  # outside a section: at once
+            interrupt._handler(15, None)
+    finally:
+        interrupt.unregister_temporary(str(temporary))

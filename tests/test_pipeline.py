@@ -1,9 +1,12 @@
 """pipeline.py: chunked scoring in input order, and the counters behind progress and the benchmark."""
 
+import time
+
+import pytest
 import torch
 
 from swcli.fasta import FastaRecord
-from swcli.pipeline import Settings, Stats, align
+from swcli.pipeline import Settings, Stats, align, align_chunks
 from swcli.scoring import load_matrix
 from swcli.testing import random_protein_pairs, score_matrices
 
@@ -38,3 +41,65 @@ def test_chunking_and_batching_do_not_change_scores():
     one = [r.score for r in align(pairs, Settings(matrix, chunk_size=1, backend="cpu"))]
     many = [r.score for r in align(pairs, Settings(matrix, chunk_size=1000, backend="cpu", max_cells=500))]
     assert one == many
+
+
+def test_align_chunks_yields_each_chunk_in_order():
+    pairs = records(random_protein_pairs(23, 10, 1, 30))
+    chunks = list(align_chunks(pairs, Settings(load_matrix("BLOSUM62"), chunk_size=4, backend="cpu")))
+    assert [len(c) for c in chunks] == [4, 4, 2]
+    assert [r.query.id for c in chunks for r in c] == [f"q{k}" for k in range(10)]
+
+
+def slow_scoring(monkeypatch, seconds, release=None):
+    """score_batches that takes `seconds` (or until `release` is set) in the scoring thread."""
+    import swcli.pipeline
+
+    real = swcli.pipeline.score_batches
+
+    def slow(*args, **kwargs):
+        if release is not None:
+            release.wait(seconds)
+        else:
+            time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(swcli.pipeline, "score_batches", slow)
+
+
+def test_the_wait_for_scores_is_in_short_steps_that_check_for_a_signal(monkeypatch):
+    import swcli.interrupt
+
+    checks = []
+    monkeypatch.setattr(swcli.interrupt, "check", lambda: checks.append(time.monotonic()))
+    slow_scoring(monkeypatch, 0.5)
+    pairs = records(random_protein_pairs(24, 2, 1, 20))
+    results = list(align(pairs, Settings(load_matrix("BLOSUM62"), backend="cpu")))
+    assert len(results) == 2
+    assert len(checks) >= 3 and max(b - a for a, b in zip(checks, checks[1:])) < 0.3
+
+
+def test_an_error_does_not_wait_for_the_engine_call_in_progress(monkeypatch):
+    import threading
+
+    from swcli.errors import SwcliError
+    from swcli.pipeline import scoring_in_progress
+
+    release = threading.Event()
+    slow_scoring(monkeypatch, 10.0, release)
+
+    def pairs():
+        yield from records(random_protein_pairs(25, 2, 1, 20))
+        raise SwcliError("a bad record after the first chunk")
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(SwcliError, match="bad record"):
+            list(align(pairs(), Settings(load_matrix("BLOSUM62"), chunk_size=2, backend="cpu")))
+        assert time.monotonic() - started < 2.0  # not the 10 s of the call in progress
+        assert scoring_in_progress()
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while scoring_in_progress() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not scoring_in_progress()

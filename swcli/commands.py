@@ -1,0 +1,275 @@
+"""The Typer app behind `swcli`: align, verify, bench (the entry point, with signals, is cli.py).
+
+Imported by cli.main once its signal handler is in place. Startup stays fast (`swcli --help` imports
+neither torch nor the kernels): torch and the pipeline are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from swcli import __version__, interrupt
+from swcli.errors import SwcliError
+
+app = typer.Typer(
+    name="swcli",
+    help="Soft Smith-Waterman local alignment of protein (or any) sequence pairs, scored on CPU or GPU.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"swcli {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_show_version, help="Print the version and exit.")] = False,
+):
+    """Soft Smith-Waterman local alignment of protein (or any) sequence pairs, scored on CPU or GPU."""
+
+
+class Backend(str, Enum):
+    auto = "auto"
+    cuda = "cuda"
+    cpu = "cpu"
+    reference = "reference"
+
+
+# Options shared by align and verify.
+QueriesArg = Annotated[str, typer.Argument(
+    metavar="QUERIES", help="FASTA of queries, plain or gzip (detected from the bytes), or - for stdin.", show_default=False)]
+TargetsArg = Annotated[Optional[str], typer.Argument(
+    metavar="TARGETS", help="FASTA of targets: record i pairs with query record i. Without it, consecutive records of "
+         "QUERIES pair up (1 with 2, 3 with 4, ...).", show_default=False)]
+AllVsAllOpt = Annotated[bool, typer.Option(
+    "--all-vs-all", help="Score every query against every target (targets are held in memory; with one "
+                         "file, every record against every record).")]
+MatrixOpt = Annotated[str, typer.Option(
+    "--matrix", "-m", help="Substitution matrix: a name Biopython knows (BLOSUM45/50/62/80/90, PAM30, "
+                           "PAM250, ...; case-insensitive) or a matrix file.")]
+GapOpt = Annotated[float, typer.Option(
+    "--gap", max=0.0, help="Linear gap SCORE added per gap position (so negative; e.g. --gap -4). "
+                           "Equals Biopython's open_gap_score = extend_gap_score = GAP.")]
+TemperatureOpt = Annotated[float, typer.Option(
+    "--temperature", "-t", min=0.0, help="Softness of the max; 0 is exact (hard) Smith-Waterman.")]
+BackendOpt = Annotated[Backend, typer.Option(
+    "--backend", help="auto: the GPU when torch sees one, else the CPU. "
+                      "reference: the Python loop (slow; for validation).")]
+UnknownOpt = Annotated[Optional[str], typer.Option(
+    "--unknown-as", help="Score letters the matrix lacks as this letter (e.g. X) instead of failing.",
+    show_default=False)]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+
+
+def _resolve_backend(backend: Backend) -> str:
+    """The CLI's auto: CUDA when torch sees a GPU, else the CPU engine."""
+    import torch
+
+    if backend is Backend.auto:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if backend is Backend.cuda and not torch.cuda.is_available():
+        raise SwcliError("--backend cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+    return backend.value
+
+
+def _pairs(queries: str, targets: Optional[str], all_vs_all: bool):
+    from swcli import fasta
+
+    if all_vs_all:
+        return fasta.all_against_all(queries, targets or queries)
+    if targets is None:
+        return fasta.pairs_in_one_file(queries)
+    if queries == targets == fasta.STDIN:
+        raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and TARGETS as -")
+    return fasta.pairs_in_two_files(queries, targets)
+
+
+def _settings(matrix: str, unknown_as: Optional[str], gap: float, temperature: float, backend: Backend,
+              **extra):
+    from swcli.ops import prepare_backend
+    from swcli.pipeline import Settings
+    from swcli.scoring import check_gap, check_temperature, load_matrix
+
+    gap, temperature = check_gap(gap), check_temperature(temperature)
+    substitution = load_matrix(matrix)
+    if unknown_as is not None:
+        substitution = substitution.with_unknown_as(unknown_as)
+    resolved = _resolve_backend(backend)
+    prepare_backend(resolved)
+    return Settings(substitution, gap, temperature, resolved, **extra)
+
+
+def _progress_bar(quiet: bool, unit: str, total=None, **options):
+    from tqdm import tqdm
+
+    disable = quiet or not sys.stderr.isatty()
+    interrupt.set_bar_shown(not disable)
+    return tqdm(total=total, unit=unit, file=sys.stderr, disable=disable, dynamic_ncols=True, **options)
+
+
+class InputBytes:
+    """How far the input files have been read, for a progress bar with a total and an ETA.
+
+    The files are opened by fasta.py; the position of each open file on one of them (found through
+    /dev/fd, on Linux and macOS) is the bytes read so far: compressed bytes for gzip, so the total is
+    the files' sizes either way. None where some input is stdin or not a regular file, or /dev/fd is
+    missing: the bar then counts pairs, without a total.
+    """
+
+    def __init__(self, paths: list[str]):
+        self.files = set()
+        self.total = 0
+        for path in paths:
+            info = os.stat(path)
+            self.files.add((info.st_dev, info.st_ino))
+            self.total += info.st_size
+        self.best = 0
+
+    @classmethod
+    def of(cls, paths: list[str]) -> InputBytes | None:
+        try:
+            if not os.path.isdir("/dev/fd") or any(
+                    p == "-" or not stat.S_ISREG(os.stat(p).st_mode) for p in paths):
+                return None
+            return cls(paths)
+        except OSError:  # a missing file: fasta.py says so, in its words
+            return None
+
+    def done(self) -> int:
+        """Bytes read so far (never less than before: a file read to its end is closed)."""
+        position = 0
+        try:
+            names = os.listdir("/dev/fd")
+        except OSError:
+            return self.best
+        for name in names:
+            try:
+                fd = int(name)
+                info = os.fstat(fd)
+                if (info.st_dev, info.st_ino) in self.files and stat.S_ISREG(info.st_mode):
+                    position += os.lseek(fd, 0, os.SEEK_CUR)
+            except (ValueError, OSError):  # the listing's own descriptor, closed since
+                continue
+        self.best = max(self.best, min(position, self.total))
+        return self.best
+
+
+def _progress_inputs(queries: str, targets: Optional[str], all_vs_all: bool) -> list[str]:
+    """The files whose reading measures the progress: with --all-vs-all the queries (the targets are
+    read first, into memory; one file is then all in memory: none), else every input."""
+    if all_vs_all:
+        return [] if targets is None or targets == queries else [queries]
+    return [queries] if targets is None else [queries, targets]
+
+
+@app.command()
+def align(
+    queries: QueriesArg,
+    targets: TargetsArg = None,
+    all_vs_all: AllVsAllOpt = False,
+    matrix: MatrixOpt = "BLOSUM62",
+    gap: GapOpt = -4.0,
+    temperature: TemperatureOpt = 1.0,
+    backend: BackendOpt = Backend.auto,
+    output: Annotated[Optional[str], typer.Option(
+        "--output", "-o", help="Write the TSV here: a file is replaced atomically once the output is complete "
+                               "(its mode kept; nothing changes on failure or Ctrl-C); a symlink is written "
+                               "through, a device or FIFO directly. Default stdout.",
+        show_default=False)] = None,
+    header: Annotated[bool, typer.Option("--header/--no-header", help="Print the header line.")] = True,
+    quiet: QuietOpt = False,
+    chunk_size: Annotated[int, typer.Option(
+        "--chunk-size", min=1, help="Pairs read, scored and written at a time (bounds memory).")] = 4096,
+    unknown_as: UnknownOpt = None,
+):
+    """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order)."""
+    from swcli.output import TsvWriter
+    from swcli.pipeline import Stats, align_chunks
+
+    settings = _settings(matrix, unknown_as, gap, temperature, backend, chunk_size=chunk_size)
+    interrupt.check()  # the imports and the engine build are done: a signal now ends the run here
+    pairs = _pairs(queries, targets, all_vs_all)
+    paths = _progress_inputs(queries, targets, all_vs_all)
+    measure = InputBytes.of(paths) if paths else None
+    stats = Stats()
+    if measure is not None:
+        bar = _progress_bar(quiet, "B", measure.total, unit_scale=True, unit_divisor=1024)
+    else:
+        bar = _progress_bar(quiet, "pair")
+    try:
+        with bar, TsvWriter(output, header) as writer:
+            def on_chunk(s: Stats) -> None:
+                bar.update((measure.done() if measure is not None else s.pairs) - bar.n)
+                bar.set_postfix_str(f"{s.pairs:,} pairs, {s.cells / max(s.seconds, 1e-9) / 1e9:.2f} GCUPS",
+                                    refresh=False)
+
+            for alignments in align_chunks(pairs, settings, stats, on_chunk):
+                writer.write_rows([result.row() for result in alignments])
+            if measure is not None:
+                bar.update(measure.total - bar.n)  # the files are read to their end
+    except BrokenPipeError:
+        # The reader went away (swcli align ... | head): stop quietly, with the shell's SIGPIPE status.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(141) from None
+
+
+@app.command()
+def verify(
+    queries: QueriesArg,
+    targets: TargetsArg = None,
+    all_vs_all: AllVsAllOpt = False,
+    matrix: MatrixOpt = "BLOSUM62",
+    gap: GapOpt = -4.0,
+    temperature: TemperatureOpt = 1.0,
+    backend: BackendOpt = Backend.auto,
+    sample: Annotated[int, typer.Option("--sample", min=1, help="Pairs to check (drawn at random).")] = 10,
+    tolerance: Annotated[float, typer.Option(
+        "--tolerance", min=0.0, help="Largest allowed |backend - reference| / max(1, |reference|).")] = 1e-4,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sample.")] = 0,
+    max_cells: Annotated[int, typer.Option(
+        "--max-cells", min=1, help="Sample only pairs of at most this many cells (qlen x tlen): the "
+                                   "reference loop takes about 40 us per cell.")] = 250_000,
+    quiet: QuietOpt = False,
+    unknown_as: UnknownOpt = None,
+):
+    """Check the backend against the reference loop (float64) on a sample of the pairs; exit 1 if off."""
+    from swcli.verify import verify_pairs
+
+    settings = _settings(matrix, unknown_as, gap, temperature, backend)
+    report = verify_pairs(_pairs(queries, targets, all_vs_all), settings, sample, seed, max_cells,
+                          lambda total: _progress_bar(quiet, "step", total))
+    typer.echo(report.describe(tolerance))
+    if report.worst_relative > tolerance:
+        raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    backend: BackendOpt = Backend.auto,
+    fasta: Annotated[Optional[str], typer.Option(
+        "--fasta", help="Real sequences for the real-length rows (default: the bundled example).",
+        show_default=False)] = None,
+    pairs: Annotated[int, typer.Option(
+        "--pairs", min=0, help="Pairs for the end-to-end row (drawn from --fasta); 0 skips it.")] = 10000,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs per row (median).")] = 5,
+    json: Annotated[bool, typer.Option("--json", help="Print the records as JSON.")] = False,
+):
+    """Time the engine: the seed workload (B=16, 32x32) beside the reference loop, and GCUPS."""
+    from swcli.bench import run_benchmarks
+
+    run_benchmarks(_resolve_backend(backend), fasta, pairs, repeats, json)
+
+
