@@ -1,4 +1,4 @@
-"""The Typer app behind `swcli`: align, verify, bench (the entry point, with signals, is cli.py).
+"""The Typer app behind `swcli`: align, search, makedb, verify, bench (the entry point, with signals, is cli.py).
 
 Imported by cli.main once its signal handler is in place. Startup stays fast (`swcli --help` imports
 neither torch nor the kernels): torch and the pipeline are imported inside the commands.
@@ -254,6 +254,79 @@ def verify(
     typer.echo(report.describe(tolerance))
     if report.worst_relative > tolerance:
         raise typer.Exit(1)
+
+
+OutputOpt = Annotated[Optional[str], typer.Option(
+    "--output", "-o", help="Write the TSV here: a file is replaced atomically once the output is complete (its "
+                           "mode kept; nothing changes on failure or Ctrl-C); a symlink is written through, a "
+                           "device or FIFO directly. Default stdout.", show_default=False)]
+HeaderOpt = Annotated[bool, typer.Option("--header/--no-header", help="Print the header line.")]
+
+
+@app.command()
+def search(
+    queries: QueriesArg,
+    database: Annotated[str, typer.Argument(
+        metavar="DATABASE", help="FASTA of the database (plain or gzip), or a folder prepared by swcli makedb.",
+        show_default=False)],
+    top: Annotated[int, typer.Option(
+        "--top", "-k", min=1, help="Hits kept per query: the best scores, ties broken by database order.")] = 10,
+    matrix: MatrixOpt = "BLOSUM62",
+    gap: GapOpt = -4.0,
+    temperature: TemperatureOpt = 1.0,
+    backend: BackendOpt = Backend.auto,
+    output: OutputOpt = None,
+    header: HeaderOpt = True,
+    quiet: QuietOpt = False,
+    max_memory: Annotated[int, typer.Option(
+        "--max-memory", min=0, help="Bytes of padded database blocks kept on the device between queries; past "
+                                    "it they are padded again for each query (the same hits).")] = 1 << 32,
+    unknown_as: UnknownOpt = None,
+):
+    """Search every query against every database sequence; write the best --top hits of each query as TSV:
+    query, target, qlen, tlen, score (queries in input order, hits by descending score)."""
+    from swcli.fasta import read_fasta
+    from swcli.output import TsvWriter
+    from swcli.search import open_database, search_rows
+
+    settings = _settings(matrix, unknown_as, gap, temperature, backend)
+    interrupt.check()
+    records = list(read_fasta(queries))  # the queries are few: all checked before any output
+    for record in records:
+        settings.matrix.encode(record.sequence, record.where)
+    db = open_database(database, settings.matrix)
+    interrupt.check()
+    try:
+        with _progress_bar(quiet, "query", len(records)) as bar, TsvWriter(output, header) as writer:
+            for rows in search_rows(records, db, settings, top, max_memory):
+                writer.write_rows(rows)
+                bar.update(1)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(141) from None
+
+
+@app.command()
+def makedb(
+    fasta_path: Annotated[str, typer.Argument(
+        metavar="FASTA", help="The database's sequences, plain or gzip, or - for stdin.", show_default=False)],
+    folder: Annotated[str, typer.Argument(
+        metavar="FOLDER", help="The new folder to write (an existing path is refused).", show_default=False)],
+    matrix: MatrixOpt = "BLOSUM62",
+    unknown_as: UnknownOpt = None,
+):
+    """Prepare a database for swcli search: encoded once, ordered by length, memory-mapped on later runs."""
+    from swcli import database
+    from swcli.fasta import display_name, read_fasta
+    from swcli.scoring import load_matrix
+
+    substitution = load_matrix(matrix)
+    if unknown_as is not None:
+        substitution = substitution.with_unknown_as(unknown_as)
+    db = database.build(read_fasta(fasta_path), substitution, display_name(fasta_path))
+    interrupt.check()
+    database.save(db, folder)
+    typer.echo(f"{folder}: {len(db):,} sequences, {db.residues:,} residues", err=True)
 
 
 @app.command()

@@ -142,7 +142,7 @@ def align_chunks(pairs: Iterable[tuple[FastaRecord, FastaRecord]], settings: Set
         previous = None
         for chunk in chunked(pairs, settings.chunk_size):
             batches = encode_chunk(chunk, settings)
-            scoring = pool.submit(_counted, score_batches, batches, len(chunk), settings, matrix, stats)
+            scoring = pool.submit(counted_call, score_batches, batches, len(chunk), settings, matrix, stats)
             if previous is not None:
                 yield _finish(*previous, stats, on_chunk)
             previous = (chunk, scoring)
@@ -159,7 +159,8 @@ _running_lock = threading.Lock()
 WAIT_SECONDS = 0.1  # how long the main thread sleeps at a time while a chunk is scored
 
 
-def _counted(function, *args):
+def counted_call(function, *args):
+    """function(*args), counted as an engine call in progress (see scoring_in_progress)."""
     global _running
     with _running_lock:
         _running += 1
@@ -176,7 +177,8 @@ def scoring_in_progress() -> bool:
     return _running > 0
 
 
-def _wait(scoring: Future):
+def wait_for(scoring: Future):
+    """The result of a scoring thread's call, waited for in short steps that let a signal through."""
     while True:
         try:
             return scoring.result(timeout=WAIT_SECONDS)
@@ -185,7 +187,7 @@ def _wait(scoring: Future):
 
 
 def _finish(chunk, scoring: Future, stats: Stats, on_chunk) -> list[Alignment]:
-    scores = _wait(scoring)
+    scores = wait_for(scoring)
     stats.pairs += len(chunk)
     if on_chunk is not None:
         on_chunk(stats)

@@ -54,7 +54,7 @@ def block_bounds(database: Database, max_cells: int) -> list[tuple[int, int]]:
 def make_block(database: Database, start: int, stop: int, device) -> Block:
     codes, lengths = database.padded(start, stop)
     return Block(start, torch.from_numpy(codes).to(device), torch.from_numpy(lengths).to(device),
-                 torch.from_numpy(np.ascontiguousarray(database.index[start:stop])).to(device))
+                 torch.from_numpy(np.array(database.index[start:stop])).to(device))
 
 
 def merge_top(best: Hits | None, scores: torch.Tensor, targets: torch.Tensor, top: int) -> Hits:
@@ -68,26 +68,85 @@ def merge_top(best: Hits | None, scores: torch.Tensor, targets: torch.Tensor, to
     return Hits(scores[by_score], targets[by_score])
 
 
+class Searcher:
+    """One database on a device, ready for queries: its blocks padded once while they fit max_bytes."""
+
+    def __init__(self, database: Database, matrix: torch.Tensor, gap: float, temperature: float, top: int,
+                 backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES):
+        if top < 1:
+            raise ValueError(f"top must be at least 1, got {top}")
+        self.database, self.gap, self.temperature, self.top = database, gap, temperature, top
+        self.backend, self.device = backend, device
+        self.matrix = matrix.to(device)
+        self.bounds = block_bounds(database, max_cells)
+        padded = sum((stop - start) * int(database.lengths[start]) for start, stop in self.bounds)
+        self.resident = ([make_block(database, start, stop, device) for start, stop in self.bounds]
+                         if padded <= max_bytes else None)
+
+    def blocks(self) -> Iterator[Block]:
+        if self.resident is not None:
+            return iter(self.resident)
+        return (make_block(self.database, start, stop, self.device) for start, stop in self.bounds)
+
+    def best(self, codes: bytes) -> Hits:
+        """The best `top` hits of one query (its codes), on the host."""
+        query = torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else torch.zeros(0, dtype=torch.uint8)
+        query = query.to(self.device)
+        best = None
+        for block in self.blocks():
+            rows = block.codes.shape[0]
+            scores = score_checked_codes(query.expand(rows, -1).contiguous(), block.codes, self.matrix, self.gap,
+                                         self.temperature, None, block.lengths, self.backend)
+            best = merge_top(best, scores, block.order, self.top)
+        if best is None:  # an empty database
+            return Hits(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
+        return Hits(best.scores.cpu(), best.targets.cpu())
+
+
 def search(query_codes: Iterator[bytes], database: Database, matrix: torch.Tensor, gap: float, temperature: float,
            top: int, backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS,
            max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[Hits]:
     """The best `top` hits of each query (codes into `matrix`, on `device`), in query order."""
-    if top < 1:
-        raise ValueError(f"top must be at least 1, got {top}")
-    bounds = block_bounds(database, max_cells)
-    padded_bytes = sum((stop - start) * int(database.lengths[start]) for start, stop in bounds)
-    resident = [make_block(database, start, stop, device) for start, stop in bounds] if padded_bytes <= max_bytes else None
-    matrix = matrix.to(device)
+    searcher = Searcher(database, matrix, gap, temperature, top, backend, device, max_cells, max_bytes)
     for codes in query_codes:
-        query = torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else torch.zeros(0, dtype=torch.uint8)
-        query = query.to(device)
-        best = None
-        blocks = resident if resident is not None else (make_block(database, a, b, device) for a, b in bounds)
-        for block in blocks:
-            rows = block.codes.shape[0]
-            scores = score_checked_codes(query.expand(rows, -1).contiguous(), block.codes, matrix, gap, temperature,
-                                         None, block.lengths, backend)
-            best = merge_top(best, scores, block.order, top)
-        if best is None:  # an empty database
-            best = Hits(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
-        yield Hits(best.scores.cpu(), best.targets.cpu())
+        yield searcher.best(codes)
+
+
+def open_database(path: str, matrix) -> Database:
+    """A database from a folder prepared by makedb (memory-mapped) or from a FASTA file (encoded now)."""
+    from swcli import database
+    from swcli.fasta import display_name, read_fasta
+
+    if database.is_prepared(path):
+        db = database.load(path)
+        db.check_alphabet(matrix)
+        return db
+    return database.build(read_fasta(path), matrix, display_name(path))
+
+
+def search_rows(queries, db: Database, settings, top: int, max_bytes: int = DEFAULT_MAX_BYTES):
+    """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order.
+
+    queries: FASTA records; settings: the pipeline's Settings (matrix, gap, temperature, backend). Each
+    query is scored in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
+    honoured while an engine call runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from swcli.pipeline import counted_call, wait_for
+
+    device = "cuda" if settings.backend == "cuda" else None
+    length_of = np.empty(len(db), dtype=np.int64)
+    length_of[db.index] = db.lengths
+    searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
+                        device, max_bytes=max_bytes)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-search")
+    finished = False
+    try:
+        for query in queries:
+            codes = settings.matrix.encode(query.sequence, query.where)
+            found = wait_for(pool.submit(counted_call, searcher.best, codes))
+            yield [(query.id, db.ids[target], len(query.sequence), int(length_of[target]), score)
+                   for score, target in zip(found.scores.tolist(), found.targets.tolist())]
+        finished = True
+    finally:
+        pool.shutdown(wait=finished, cancel_futures=True)

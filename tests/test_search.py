@@ -100,3 +100,80 @@ def test_merge_keeps_database_order_among_ties():
     merged = merge_top(best, torch.tensor([5.0, 8.0]), torch.tensor([1, 30]), 3)
     assert isinstance(merged, Hits)
     assert merged.scores.tolist() == [8.0, 7.0, 5.0] and merged.targets.tolist() == [30, 4, 1]
+
+
+# --------------------------------------------------------------------------------------------------
+# swcli search and swcli makedb
+
+
+def cli(argv, capsys):
+    from swcli.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def search_files(tmp_path):
+    from swcli.testing import write_fasta
+
+    queries, sequences = search_set(seed=7, queries=4, sequences=40)
+    q = write_fasta(tmp_path / "q.fa", [(f"q{k}", s) for k, s in enumerate(queries)])
+    db = write_fasta(tmp_path / "db.fa", [(f"d{k}", s) for k, s in enumerate(sequences)])
+    return q, db
+
+
+@pytest.mark.parametrize("t", ["0", "1"])
+def test_search_rows_are_the_top_of_align_all_vs_all(search_files, capsys, t):
+    from swcli.testing import read_tsv
+
+    q, db = search_files
+    code, out, err = cli(["search", q, db, "-k", "3", "-t", t, "--backend", "cpu"], capsys)
+    assert code == 0 and err == ""
+    rows = read_tsv(out)
+    assert rows[0] == ["query", "target", "qlen", "tlen", "score"]
+    code, every, _ = cli(["align", q, db, "--all-vs-all", "-t", t, "--backend", "cpu", "--no-header"], capsys)
+    assert code == 0
+    by_query: dict[str, list] = {}
+    for k, row in enumerate(read_tsv(every)):
+        by_query.setdefault(row[0], []).append((-float(row[4]), k % 43, row))
+    expected = []
+    for query in dict.fromkeys(row[0] for row in read_tsv(every)):
+        best = sorted(by_query[query], key=lambda x: (x[0], x[1]))[:3]
+        expected += [row for _, _, row in best]
+    assert [r[:4] for r in rows[1:]] == [r[:4] for r in expected]
+    for got, want in zip(rows[1:], expected):
+        assert float(got[4]) == pytest.approx(float(want[4]), rel=1e-5, abs=1e-4)
+
+
+def test_makedb_then_search_equals_search_of_the_fasta(search_files, tmp_path, capsys):
+    q, db = search_files
+    code, _, err = cli(["makedb", db, str(tmp_path / "prepared")], capsys)
+    assert code == 0 and "43 sequences" in err
+    _, from_fasta, _ = cli(["search", q, db, "-t", "0", "--backend", "cpu"], capsys)
+    code, from_folder, _ = cli(["search", q, str(tmp_path / "prepared"), "-t", "0", "--backend", "cpu",
+                                "--max-memory", "0"], capsys)
+    assert code == 0 and from_folder == from_fasta
+
+
+def test_makedb_refuses_an_existing_folder_and_search_another_alphabet(search_files, tmp_path, capsys):
+    q, db = search_files
+    (tmp_path / "taken").mkdir()
+    code, out, err = cli(["makedb", db, str(tmp_path / "taken")], capsys)
+    assert code == 1 and "already exists" in err and out == ""
+    assert cli(["makedb", db, str(tmp_path / "prepared")], capsys)[0] == 0
+    out_path = tmp_path / "hits.tsv"
+    code, out, err = cli(["search", q, str(tmp_path / "prepared"), "-m", "NUC.4.4", "--unknown-as", "N",
+                          "-o", str(out_path)], capsys)
+    assert code == 1 and "encoded for the alphabet" in err and not out_path.exists()
+
+
+def test_search_bad_query_letter_is_refused_before_output(search_files, tmp_path, capsys):
+    from swcli.testing import write_fasta
+
+    _, db = search_files
+    q = write_fasta(tmp_path / "bad.fa", [("a", "MKV"), ("b", "MK1V")])
+    code, out, err = cli(["search", q, db, "--backend", "cpu"], capsys)
+    assert code == 1 and out == "" and "bad.fa: record 2 (b): invalid letter '1' at position 3" in err
+    assert cli(["search", q, db, "--top", "0"], capsys)[0] == 2
