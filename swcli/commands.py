@@ -72,6 +72,11 @@ UnknownOpt = Annotated[Optional[str], typer.Option(
     "--unknown-as", help="Score letters the matrix lacks as this letter (e.g. X) instead of failing.",
     show_default=False)]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+OutputOpt = Annotated[Optional[str], typer.Option(
+    "--output", "-o", help="Write the TSV here: a file is replaced atomically once the output is complete (its "
+                           "mode kept; nothing changes on failure or Ctrl-C); a symlink is written through, a "
+                           "device or FIFO directly. Default stdout.", show_default=False)]
+HeaderOpt = Annotated[bool, typer.Option("--header/--no-header", help="Print the header line.")]
 
 
 def _resolve_backend(backend: Backend) -> str:
@@ -184,12 +189,8 @@ def align(
     gap: GapOpt = -4.0,
     temperature: TemperatureOpt = 1.0,
     backend: BackendOpt = Backend.auto,
-    output: Annotated[Optional[str], typer.Option(
-        "--output", "-o", help="Write the TSV here: a file is replaced atomically once the output is complete "
-                               "(its mode kept; nothing changes on failure or Ctrl-C); a symlink is written "
-                               "through, a device or FIFO directly. Default stdout.",
-        show_default=False)] = None,
-    header: Annotated[bool, typer.Option("--header/--no-header", help="Print the header line.")] = True,
+    output: OutputOpt = None,
+    header: HeaderOpt = True,
     quiet: QuietOpt = False,
     chunk_size: Annotated[int, typer.Option(
         "--chunk-size", min=1, help="Pairs read, scored and written at a time (bounds memory).")] = 4096,
@@ -254,13 +255,6 @@ def verify(
     typer.echo(report.describe(tolerance))
     if report.worst_relative > tolerance:
         raise typer.Exit(1)
-
-
-OutputOpt = Annotated[Optional[str], typer.Option(
-    "--output", "-o", help="Write the TSV here: a file is replaced atomically once the output is complete (its "
-                           "mode kept; nothing changes on failure or Ctrl-C); a symlink is written through, a "
-                           "device or FIFO directly. Default stdout.", show_default=False)]
-HeaderOpt = Annotated[bool, typer.Option("--header/--no-header", help="Print the header line.")]
 
 
 @app.command()
