@@ -283,6 +283,8 @@ def search(
     from swcli.output import TsvWriter
     from swcli.search import open_database, search_rows
 
+    if queries == database == "-":
+        raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and DATABASE as -")
     settings = _settings(matrix, unknown_as, gap, temperature, backend)
     interrupt.check()
     records = list(read_fasta(queries))  # the queries are few: all checked before any output

@@ -88,6 +88,16 @@ ROWS = [
         "three.fa: odd number of records (3)"),
     Row("stdin twice", {}, ["align", "-", "-"], 1, "stdin ('-') can be read only once", stdin=GOOD),
     # letters and matrices (item C)
+    Row("search: stdin twice", {}, ["search", "-", "-"], 1, "stdin ('-') can be read only once", stdin=GOOD),
+    Row("search: a missing database", {"good.fa": GOOD}, ["search", "good.fa", "nope.db"], 1,
+        "nope.db: no such file"),
+    Row("search: an incomplete database folder", {"good.fa": GOOD, "db/meta.json": b"{}"},
+        ["search", "good.fa", "db"], 1, "not a complete swcli database (missing codes.u8"),
+    Row("search: --top 0", {"good.fa": GOOD}, ["search", "good.fa", "good.fa", "--top", "0"], 2, "--top"),
+    Row("makedb: an existing folder", {"good.fa": GOOD, "db/keep": b"mine"}, ["makedb", "good.fa", "db"], 1,
+        "db: already exists"),
+    Row("makedb: a bad letter", {"j.fa": fasta(("a", "MK"), ("b", "MKJV"))}, ["makedb", "j.fa", "new.db"], 1,
+        "j.fa: record 2 (b): invalid letter 'J' at position 3"),
     Row("unknown letter", {"j.fa": fasta(("a", "MK"), ("b", "MKJV"))}, ["align", "j.fa"], 1,
         "j.fa: record 2 (b): invalid letter 'J' at position 3 (not in the BLOSUM62 alphabet"),
     Row("unknown letter with --unknown-as X (good)", {"j.fa": fasta(("a", "MK"), ("b", "MKJV"))},
@@ -147,6 +157,7 @@ ROWS = [
 def make_files(folder: Path, files: dict) -> None:
     for name, content in files.items():
         path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         if content is DIRECTORY:
             path.mkdir()
         else:
@@ -186,9 +197,11 @@ def test_bad_input(row: Row, tmp_path, capsys, monkeypatch):
         monkeypatch.setattr(swcli.ops, "_loaded", set())
         monkeypatch.setattr(_build, "cpu_engine", lambda: _build.build("cpu", "cpu", _build.CPU_FLAGS, ["-fopenmp"]))
 
-    if row.argv[0] != "align":  # verify writes a report to stdout, and has no -o
+    if row.argv[0] not in ("align", "search"):  # verify and makedb have no -o: nothing may change
+        before = listing(tmp_path)
         code, out, err = run_row(row, row.argv, capsys, monkeypatch)
         assert code == row.code and out == "" and err.count("\n") == 1 and row.message in err, err
+        assert listing(tmp_path) == before and [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
         return
 
     # -o to a new path
