@@ -95,7 +95,7 @@ class Searcher:
         best = None
         for block in self.blocks():
             rows = block.codes.shape[0]
-            scores = score_checked_codes(query.expand(rows, -1).contiguous(), block.codes, self.matrix, self.gap,
+            scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
                                          self.temperature, None, block.lengths, self.backend)
             best = merge_top(best, scores, block.order, self.top)
         if best is None:  # an empty database

@@ -1,4 +1,4 @@
-"""The public op soft_smith_waterman_codes (uint8 codes, a K x K matrix) on the CPU: oracles, layout, errors."""
+"""The public op soft_smith_waterman_codes (uint8 codes, a K x K matrix): oracles, layout, a shared query, errors."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 
 from swcli.ops import soft_smith_waterman_codes
 from swcli.testing import (
+    DEVICE_PARAMS,
     assert_close_to_reference,
     biopython_score,
     code_batch,
@@ -100,3 +101,24 @@ def test_codes_bad_arguments_raise(change, message):
     kwargs = {"query_codes": query, "target_codes": target, "matrix": matrix, **change}
     with pytest.raises(ValueError, match=message):
         soft_smith_waterman_codes(**kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+@pytest.mark.parametrize("t", [0.0, 1.0])
+def test_one_query_shared_by_every_pair_is_read_in_place(device, t):
+    """A query expanded over the batch (stride 0, as a search passes it) scores as its copies do,
+    bit for bit, with and without lengths, as given and transposed (targets shorter than the query)."""
+    from swcli.ops import soft_smith_waterman_codes as codes_op
+
+    g = torch.Generator().manual_seed(77)
+    matrix = torch.randint(-4, 9, (24, 24), generator=g).float().to(device)
+    for B, M, N in ((1200, 60, 90), (1200, 90, 40), (7, 33, 20)):  # many pairs (wide lanes on CUDA), few
+        query = torch.randint(0, 24, (1, M), generator=g, dtype=torch.uint8).to(device)
+        target = torch.randint(0, 24, (B, N), generator=g, dtype=torch.uint8).to(device)
+        tlen = torch.randint(0, N + 1, (B,), generator=g).to(device)
+        shared = query.expand(B, M)
+        assert shared.stride(0) == 0
+        for lengths in (None, tlen):
+            alone = codes_op(shared, target, matrix, -2.0, t, None, lengths)
+            copied = codes_op(shared.contiguous(), target, matrix, -2.0, t, None, lengths)
+            assert torch.equal(alone, copied)

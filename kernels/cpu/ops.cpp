@@ -160,14 +160,18 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
   check_counter(log_pairs);
   const at::Tensor qlen = lengths_or_full(query_lengths, query.size(0), query.size(1), "query_lengths", "M");
   const at::Tensor tlen = lengths_or_full(target_lengths, target.size(0), target.size(1), "target_lengths", "N");
-  const at::Tensor q = query.contiguous(), t = target.contiguous();
+  // One query row shared by every pair (an expanded (B, M) view, as a search passes it) is read where
+  // it is, with a stride of 0: no copy of the query per target.
+  const bool shared_query = query.size(0) > 1 && query.stride(0) == 0 && (query.size(1) <= 1 || query.stride(1) == 1);
+  const at::Tensor q = shared_query ? query : query.contiguous(), t = target.contiguous();
   const int64_t K = matrix.size(0);
-  if (q.numel() > 0) TORCH_CHECK(q.max().item<int64_t>() < K, "a query code is outside the matrix");
+  if (q.numel() > 0)
+    TORCH_CHECK((shared_query ? q[0] : q).max().item<int64_t>() < K, "a query code is outside the matrix");
   if (t.numel() > 0) TORCH_CHECK(t.max().item<int64_t>() < K, "a target code is outside the matrix");
   const at::Tensor table = matrix.to(at::kFloat).contiguous();
   const Problem pr{q.size(0), q.size(1), t.size(1), qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
   at::Tensor scores = at::zeros({pr.B}, matrix.options().dtype(at::kFloat));
-  const CodeSource source{q.data_ptr<uint8_t>(), t.data_ptr<uint8_t>(), pr.M, pr.N, K,
+  const CodeSource source{q.data_ptr<uint8_t>(), t.data_ptr<uint8_t>(), pr.M, pr.N, K, shared_query ? 0 : pr.M,
                           tlen.data_ptr<int64_t>(), table.data_ptr<float>(), {}};
   // The scaled sweep's table of powers 2^(m c), rounded once, where every one is at most 2^60 (a NaN
   // or a huge entry keeps the whole call in log space).

@@ -55,9 +55,10 @@ struct CodeSource {
   using I = Lanes<float>::I;
   static constexpr int W = Lanes<float>::W, L = Lanes<float>::L;
   typedef uint8_t Codes __attribute__((vector_size(L)));
-  const uint8_t* query;
+  const uint8_t* query;  // pair p's row at query + p * query_stride
   const uint8_t* target;
   int64_t M, N, K;
+  int64_t query_stride;  // M, or 0 where every pair has the same query (a search: no copy per target)
   const int64_t* tlen;
   const float* matrix;
   std::vector<uint8_t> codes;  // target codes, [j][lane]
@@ -69,7 +70,7 @@ struct CodeSource {
     for (int64_t j = 0; j < tlen[pair]; ++j) codes[(j + 1) * W + l] = src[j];
   }
   void begin_row(int l, int64_t pair, int64_t i) {
-    row_offset[l / L][l % L] = static_cast<int32_t>(query[pair * M + i] * K);
+    row_offset[l / L][l % L] = static_cast<int32_t>(query[pair * query_stride + i] * K);
   }
   V load(int64_t j, int k) const {
     Codes c;

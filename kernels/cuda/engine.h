@@ -57,7 +57,8 @@ cudaError_t sw_cuda_coop_count(const int* work, const int64_t* order, int64_t ma
 // columns per lane, pairs are scored in scaled exponential space where the matrix allows it (see
 // stage_matrix in forward_codes.cu); log_pairs, if not null, counts on the device the pairs of such a
 // call scored in log space instead. shared_limit: the device's shared memory per block (opt-in), in bytes.
-cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const uint8_t* target,
+// query_stride: M, or 0 where every pair has the same query row (one query against many targets).
+cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, int64_t query_stride, const uint8_t* target,
                                   const float* matrix, int K, float* scores, float* boundary, double gap,
                                   double t, int lane_columns, cudaStream_t stream, const Relaying* relaying,
                                   bool allow_scaled, int* log_pairs, int64_t shared_limit);

@@ -165,6 +165,7 @@ __global__ void __launch_bounds__(kWarp* kRelayWarps, 1)  // see forward_codes_k
 struct CodesCall {
   const Problem& pr;
   const uint8_t* query;
+  int64_t query_stride;
   const uint8_t* target;
   const float* matrix;  // global memory, K x K
   int K;
@@ -180,6 +181,7 @@ template <int R>
 Codes<R> codes_source(const CodesCall& call) {
   Codes<R> src{};
   src.query = call.query, src.target = call.target, src.M = call.pr.M, src.N = call.pr.N, src.K = call.K;
+  src.query_stride = call.query_stride;
   return src;
 }
 
@@ -220,7 +222,7 @@ cudaError_t launch_codes_relay(const CodesCall& call, const Relaying& relaying) 
 
 int sw_cuda_relay_warps() { return swcli_cuda::kRelayWarps; }
 
-cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const uint8_t* target,
+cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, int64_t query_stride, const uint8_t* target,
                                   const float* matrix, int K, float* scores, float* boundary, double gap,
                                   double t, int lane_columns, cudaStream_t stream, const Relaying* relaying,
                                   bool allow_scaled, int* log_pairs, int64_t shared_limit) {
@@ -231,7 +233,7 @@ cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, const
   const Scaled sc = scaled_settings(gap, t, allow_scaled && lane_columns >= 4 &&
                                                 int64_t(3 * smem) + 1024 <= shared_limit);
   if (sc.allowed) smem *= 3;
-  const CodesCall call{pr, query, target, matrix, K, consts<float>(gap, t),
+  const CodesCall call{pr, query, query_stride, target, matrix, K, consts<float>(gap, t),
                        Outputs<float>{scores, nullptr, nullptr, boundary}, sc, log_pairs, smem, stream};
   // 1-column lanes never relay.
   return SWCLI_COLUMNS_1_4_8_SWITCH(lane_columns, R, [&] {

@@ -230,7 +230,11 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   TORCH_CHECK(K * K * int64_t(sizeof(float)) <= smem_limit,
               "a " + std::to_string(K) + " x " + std::to_string(K) + " matrix does not fit in the GPU's shared " +
                   "memory (" + std::to_string(smem_limit) + " bytes per block)");
-  const at::Tensor query = query_in.contiguous(), target = target_in.contiguous();
+  // One query row shared by every pair (an expanded (B, M) view, as a search passes it) is read where
+  // it is, with a stride of 0: no copy of the query per target.
+  const bool shared_query = B > 1 && query_in.stride(0) == 0 && (M <= 1 || query_in.stride(1) == 1);
+  const at::Tensor query = shared_query ? query_in : query_in.contiguous(), target = target_in.contiguous();
+  const int64_t query_stride = shared_query ? 0 : M;
   const at::Tensor matrix = matrix_in.to(at::kFloat).contiguous();
   const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, matrix.options(), true);
   at::Tensor scores = at::empty({B}, matrix.options());
@@ -253,7 +257,7 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
     relaying.coop_count = coop_count.data_ptr<int64_t>();
     relaying.relay = relay.data_ptr<float>();
   }
-  SWCLI_CHECK_CUDA(sw_cuda_forward_codes(plan.pr, query.data_ptr<uint8_t>(), target.data_ptr<uint8_t>(),
+  SWCLI_CHECK_CUDA(sw_cuda_forward_codes(plan.pr, query.data_ptr<uint8_t>(), query_stride, target.data_ptr<uint8_t>(),
                                          matrix.data_ptr<float>(), int(K), scores.data_ptr<float>(),
                                          ptr_or_null<float>(plan.boundary), gap, temperature, plan.R,
                                          c10::cuda::getCurrentCUDAStream(), relaying.relay ? &relaying : nullptr,

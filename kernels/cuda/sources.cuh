@@ -148,9 +148,10 @@ struct DenseGroups : DenseRows<float> {
 // code], the same score as the pair as given.
 template <int R>
 struct Codes {
-  const uint8_t* query;   // (B, M)
+  const uint8_t* query;   // (B, M): pair b's row at query + b * query_stride
   const uint8_t* target;  // (B, N)
   int64_t M, N;
+  int64_t query_stride;   // M, or 0 where every pair has the same query (a search: no copy per target)
   const float* matrix;  // shared memory, K x K
   int K;
   unsigned offs[R];     // shared-space addresses of this lane's column codes' entries for row code 0
@@ -163,8 +164,8 @@ struct Codes {
   __device__ void begin_tile(const Pair& p, int lane, int64_t col) {
     qn = p.qn;
     const unsigned base = unsigned(__cvta_generic_to_shared(matrix));
-    const uint8_t* const rows = p.transposed ? target + p.b * N : query + p.b * M;
-    const uint8_t* const cols = p.transposed ? query + p.b * M : target + p.b * N;
+    const uint8_t* const rows = p.transposed ? target + p.b * N : query + p.b * query_stride;
+    const uint8_t* const cols = p.transposed ? query + p.b * query_stride : target + p.b * N;
     const int64_t width = p.transposed ? M : N;  // of the columns' codes (past the pair: padding)
     row_bytes = p.transposed ? 4u : 4u * unsigned(K);
     const unsigned col_bytes = p.transposed ? 4u * unsigned(K) : 4u;
@@ -187,7 +188,7 @@ struct Codes {
   template <int R2>
   __device__ __forceinline__ Codes<R2> columns() const {
     Codes<R2> c{};
-    c.query = query, c.target = target, c.M = M, c.N = N, c.matrix = matrix, c.K = K;
+    c.query = query, c.target = target, c.M = M, c.N = N, c.query_stride = query_stride, c.matrix = matrix, c.K = K;
     return c;
   }
 };
