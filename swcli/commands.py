@@ -288,13 +288,12 @@ def search(
     settings = _settings(matrix, unknown_as, gap, temperature, backend)
     interrupt.check()
     records = list(read_fasta(queries))  # the queries are few: all checked before any output
-    for record in records:
-        settings.matrix.encode(record.sequence, record.where)
+    codes = [settings.matrix.encode(record.sequence, record.where) for record in records]
     db = open_database(database, settings.matrix)
     interrupt.check()
     try:
         with _progress_bar(quiet, "query", len(records)) as bar, TsvWriter(output, header) as writer:
-            for rows in search_rows(records, db, settings, top, max_memory):
+            for rows in search_rows(records, codes, db, settings, top, max_memory):
                 writer.write_rows(rows)
                 bar.update(1)
     except BrokenPipeError:

@@ -89,8 +89,9 @@ def load_engine(device) -> None:
 def _load_engine_for(tensor: torch.Tensor) -> None:
     """The engine of a tensor's device, before an operator call. A graph being compiled cannot build one;
     the fake kernels (below) load it for the device the graph will run on."""
-    if not torch.compiler.is_compiling():
-        load_engine("cuda" if tensor.is_cuda else "cpu")
+    kind = "cuda" if tensor.is_cuda else "cpu"
+    if kind not in _loaded and not torch.compiler.is_compiling():  # the set first: no torch.device per call
+        load_engine(kind)
 
 
 def _load_engine_for_fake(device: torch.device) -> None:

@@ -124,26 +124,26 @@ def open_database(path: str, matrix) -> Database:
     return database.build(read_fasta(path), matrix, display_name(path))
 
 
-def search_rows(queries, db: Database, settings, top: int, max_bytes: int = DEFAULT_MAX_BYTES):
+def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: int,
+                max_bytes: int = DEFAULT_MAX_BYTES):
     """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order.
 
-    queries: FASTA records; settings: the pipeline's Settings (matrix, gap, temperature, backend). Each
+    queries: FASTA records, and query_codes their codes (the caller encodes them, checking every letter,
+    before any output); settings: the pipeline's Settings (matrix, gap, temperature, backend). Each
     query is scored in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
     honoured while an engine call runs."""
     from concurrent.futures import ThreadPoolExecutor
 
     from swcli.pipeline import counted_call, wait_for
 
-    device = "cuda" if settings.backend == "cuda" else None
     length_of = np.empty(len(db), dtype=np.int64)
     length_of[db.index] = db.lengths
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
-                        device, max_bytes=max_bytes)
+                        settings.device, max_bytes=max_bytes)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-search")
     finished = False
     try:
-        for query in queries:
-            codes = settings.matrix.encode(query.sequence, query.where)
+        for query, codes in zip(queries, query_codes):
             found = wait_for(pool.submit(counted_call, searcher.best, codes))
             yield [(query.id, db.ids[target], len(query.sequence), int(length_of[target]), score)
                    for score, target in zip(found.scores.tolist(), found.targets.tolist())]

@@ -359,6 +359,15 @@ class CudaEngineCalls:
 # FASTA files and the command line
 
 
+def run_cli(argv, capsys):
+    """swcli's main(argv) in this process: (exit code, stdout, stderr), read through pytest's capsys."""
+    from swcli.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def write_fasta(path, records, compress=False) -> str:
     """Write (id, sequence) records as FASTA (gzip when asked); returns the path as a string."""
     import gzip

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from swcli import _build
-from test_cli import run  # main(argv) -> (exit code, stdout, stderr)
+from swcli.testing import run_cli as run  # main(argv) -> (exit code, stdout, stderr)
 
 DIRECTORY = object()  # in Row.files: make a folder there
 NO_COMPILER = "swcli-test-no-such-compiler"

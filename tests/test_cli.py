@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from swcli.cli import main
-from swcli.testing import biopython_score, random_protein_pairs, read_tsv, related_protein_pairs, write_fasta
+from swcli.testing import (biopython_score, random_protein_pairs, read_tsv, related_protein_pairs, run_cli,
+                           write_fasta)
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "data" / "example.fasta")
 
@@ -23,10 +23,7 @@ def subprocess_env() -> dict:
                                                          os.environ.get("PYTHONPATH", "")])}
 
 
-def run(argv, capsys):
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+run = run_cli
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from swcli.ops import load_engine
 from swcli.scoring import load_matrix
 from swcli.search import Hits, block_bounds, merge_top, search
 from swcli.testing import DEVICE_PARAMS, biopython_score, random_protein, related_protein_pairs
+from swcli.testing import run_cli as cli
 
 BLOSUM62 = load_matrix("BLOSUM62")
 
@@ -104,14 +105,6 @@ def test_merge_keeps_database_order_among_ties():
 
 # --------------------------------------------------------------------------------------------------
 # swcli search and swcli makedb
-
-
-def cli(argv, capsys):
-    from swcli.cli import main
-
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture
