@@ -15,11 +15,22 @@ The operators (one schema each, CPU kernels in kernels/cpu, CUDA kernels in kern
   sweep handed to log space (tests and tools);
 * forward: the scores and what the backward needs (a flat state, the best cell, a count of pairs that
   left the scaled range); autograd is registered on it, with backward as its gradient;
-* empty_launch: an empty CUDA kernel behind a (B,) allocation, the launch-overhead yardstick of bench.
+* empty_launch: an empty CUDA kernel behind a (B,) allocation, the launch-overhead yardstick of bench;
+* affine_scores, affine_scores_codes, affine_forward, affine_backward: the same roles with affine gaps
+  (soft Gotoh: an open score for a gap's first position, an extension score for each further one; the
+  recurrence is in swcli/reference.py). affine_forward returns the scores, the state its backward reads
+  and the engine's record of each pair's best cell; autograd is registered on it, with affine_backward
+  as its gradient.
 
 Each has a fake kernel, so torch.compile, torch.export and meta tensors see one op with known shapes.
 The keyword-only arguments are the engines' knobs for tests and tools: lane_columns (CUDA: columns per
 lane, 0 = chosen by batch size) and scaled (allow the scaled-space sweep).
+
+Gaps: `gap` is a linear gap score, added for every gap position. `gap_open` with `gap_extend` make the
+gaps affine: gap_open is the score of a gap's first position, gap_extend of each further one, so a gap of
+length k scores gap_open + (k - 1) gap_extend (BLAST's 11/1 is gap_open=-12, gap_extend=-1), and
+gap_open <= gap_extend <= 0. The two kinds are exclusive: affine gaps take both keywords and no `gap`.
+With gap_open == gap_extend == g the affine op computes the linear recurrence with gap g (to rounding).
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from swcli import _build
-from swcli.reference import soft_smith_waterman_reference
+from swcli.reference import soft_smith_waterman_affine_reference, soft_smith_waterman_reference
 
 BACKENDS = ("auto", "cuda", "cpu", "reference")
 
@@ -53,6 +64,19 @@ SCHEMAS = {
     "empty_launch": "(Tensor S) -> Tensor",
 }
 
+_AFFINE_DENSE = ("(Tensor S, Tensor? query_lengths, Tensor? target_lengths, float gap_open, float gap_extend, "
+                 "float temperature, *, int lane_columns=0)")
+_AFFINE_CODES = ("(Tensor query, Tensor target, Tensor matrix, Tensor? query_lengths, Tensor? target_lengths, "
+                 "float gap_open, float gap_extend, float temperature, *, int lane_columns=0)")
+SCHEMAS.update({
+    "affine_scores": f"{_AFFINE_DENSE} -> Tensor",
+    "affine_scores_codes": f"{_AFFINE_CODES} -> Tensor",
+    "affine_forward": f"{_AFFINE_DENSE} -> (Tensor, Tensor, Tensor)",
+    "affine_backward": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor? query_lengths, "
+                       "Tensor? target_lengths, float gap_open, float gap_extend, float temperature, *, "
+                       "int lane_columns=0) -> Tensor",
+})
+
 _LIBRARY = torch.library.Library("swcli", "DEF")
 for _name, _schema in SCHEMAS.items():
     _LIBRARY.define(_name + _schema)
@@ -62,6 +86,10 @@ _scores = torch.ops.swcli.scores.default
 _scores_codes = torch.ops.swcli.scores_codes.default
 _forward = torch.ops.swcli.forward.default
 _backward = torch.ops.swcli.backward.default
+_affine_scores = torch.ops.swcli.affine_scores.default
+_affine_scores_codes = torch.ops.swcli.affine_scores_codes.default
+_affine_forward = torch.ops.swcli.affine_forward.default
+_affine_backward = torch.ops.swcli.affine_backward.default
 
 
 # --------------------------------------------------------------------------------------------------
@@ -199,6 +227,88 @@ class _ForwardWithGradient(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------------------------------
+# The affine operators: fake kernels and autograd, as the linear ones'.
+
+
+@torch.library.register_fake("swcli::affine_scores")
+def _affine_scores_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature, *, lane_columns=0):
+    _load_engine_for_fake(S.device)
+    return S.new_empty(S.shape[0])
+
+
+@torch.library.register_fake("swcli::affine_scores_codes")
+def _affine_scores_codes_fake(query, target, matrix, query_lengths, target_lengths, gap_open, gap_extend,
+                              temperature, *, lane_columns=0):
+    _load_engine_for_fake(query.device)
+    return query.new_empty(query.shape[0], dtype=torch.float32)
+
+
+@torch.library.register_fake("swcli::affine_forward")
+def _affine_forward_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature, *, lane_columns=0):
+    _load_engine_for_fake(S.device)
+    # As the linear forward's: the state's layout is the engine's own (the CPU keeps three tables).
+    state_size = torch.library.get_ctx().new_dynamic_size()
+    B = S.shape[0]
+    return S.new_empty(B), S.new_empty(state_size), S.new_empty(B, dtype=torch.int64)
+
+
+@torch.library.register_fake("swcli::affine_backward")
+def _affine_backward_fake(grad_scores, S, state, best, query_lengths, target_lengths, gap_open, gap_extend,
+                          temperature, *, lane_columns=0):
+    return S.new_empty(S.shape)
+
+
+def _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, gap_open, gap_extend,
+                              temperature, lane_columns):
+    ctx.save_for_backward(S, query_lengths, target_lengths, state, best)
+    ctx.settings = (gap_open, gap_extend, temperature, lane_columns)
+
+
+def _affine_gradient(ctx, grad_scores):
+    """d score / d S with affine gaps: the posterior of the match states on the paths that end at the best
+    cell, by the engine's backward from what its forward kept."""
+    S, query_lengths, target_lengths, state, best = ctx.saved_tensors
+    gap_open, gap_extend, temperature, lane_columns = ctx.settings
+    return _affine_backward(grad_scores, S, state, best, query_lengths, target_lengths, gap_open, gap_extend,
+                            temperature, lane_columns=lane_columns)
+
+
+def _setup_affine_forward_context(ctx, inputs, keyword_only_inputs, output):
+    S, query_lengths, target_lengths, gap_open, gap_extend, temperature = inputs
+    _, state, best = output
+    ctx.mark_non_differentiable(state, best)
+    _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, gap_open, gap_extend, temperature,
+                              keyword_only_inputs["lane_columns"])
+
+
+def _affine_forward_gradient(ctx, grad_scores, _grad_state, _grad_best):
+    return _affine_gradient(ctx, grad_scores), None, None, None, None, None
+
+
+torch.library.register_autograd("swcli::affine_forward", _affine_forward_gradient,
+                                setup_context=_setup_affine_forward_context)
+
+
+class _AffineForwardWithGradient(torch.autograd.Function):
+    """The registered autograd of affine_forward, as soft_smith_waterman calls it in eager mode (see
+    _ForwardWithGradient for why): the same saved tensors and backward."""
+
+    @staticmethod
+    def forward(ctx, S, query_lengths, target_lengths, gap_open, gap_extend, temperature):
+        with torch._C._AutoDispatchBelowAutograd():
+            scores, state, best = _affine_forward(S, query_lengths, target_lengths, gap_open, gap_extend,
+                                                  temperature)
+        _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, gap_open, gap_extend,
+                                  temperature, 0)
+        return scores
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_scores):
+        return _affine_gradient(ctx, grad_scores), None, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------------
 # Checks
 
 
@@ -270,12 +380,32 @@ def _resolve_backend(backend: str, tensor: torch.Tensor) -> str:
     return backend
 
 
-def _check_arguments(gap, temperature, backend: str, tensor: torch.Tensor, shape: tuple[int, int, int],
+def _check_gaps(gap, gap_open, gap_extend):
+    """(gap, None) for a linear gap, or (None, (gap_open, gap_extend)) for affine gaps, checked (the rule
+    is in the module docstring)."""
+    if gap_open is None and gap_extend is None:
+        return _check_number("gap", -1.0 if gap is None else gap), None
+    if gap_open is None or gap_extend is None:
+        given, missing = ("gap_open", "gap_extend") if gap_extend is None else ("gap_extend", "gap_open")
+        raise ValueError(f"affine gaps need both gap_open and gap_extend: {given} was given without {missing} "
+                         "(for a linear gap, give gap alone)")
+    if gap is not None:
+        raise ValueError("give either gap (a linear gap score) or gap_open and gap_extend (affine gaps), not both")
+    gap_open = _check_number("gap_open", gap_open)
+    gap_extend = _check_number("gap_extend", gap_extend)
+    if gap_extend > 0:
+        raise ValueError(f"gap_extend must be <= 0 (a score added for each further gap position), got {gap_extend}")
+    if gap_open > gap_extend:
+        raise ValueError(f"gap_open must be <= gap_extend (a gap's first position scores at most what each further "
+                         f"one does), got gap_open={gap_open}, gap_extend={gap_extend}")
+    return None, (gap_open, gap_extend)
+
+
+def _check_arguments(temperature, backend: str, tensor: torch.Tensor, shape: tuple[int, int, int],
                      query_lengths, target_lengths, ranges=()):
-    """The checks both entry points share: (gap, temperature, resolved backend, qlen, tlen). `tensor`
-    is the input whose device the lengths must match; `ranges` are the caller's own range checks, read
-    from the device with the lengths' (see _check_ranges)."""
-    gap = _check_number("gap", gap)
+    """The checks both entry points share besides the gaps': (temperature, resolved backend, qlen, tlen).
+    `tensor` is the input whose device the lengths must match; `ranges` are the caller's own range
+    checks, read from the device with the lengths' (see _check_ranges)."""
     temperature = _check_number("temperature", temperature)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 is the exact hard maximum), got {temperature}")
@@ -289,7 +419,7 @@ def _check_arguments(gap, temperature, backend: str, tensor: torch.Tensor, shape
     if tlen is not None:
         ranges.append(_length_range("target_lengths", tlen, N, "N"))
     _check_ranges(ranges)
-    return gap, temperature, backend, qlen, tlen
+    return temperature, backend, qlen, tlen
 
 
 def prepare_backend(backend: str) -> None:
@@ -328,26 +458,34 @@ def gradient_by_rows(S: torch.Tensor, lengths: bool, gap: float, temperature: fl
 
 def soft_smith_waterman(
     score_matrix: torch.Tensor,
-    gap: float = -1.0,
+    gap: float | None = None,
     temperature: float = 1.0,
     query_lengths=None,
     target_lengths=None,
     backend: str = "auto",
+    *,
+    gap_open: float | None = None,
+    gap_extend: float | None = None,
 ) -> torch.Tensor:
     """Soft Smith-Waterman local alignment scores, (B,), of a batch of score matrices (B, M, N).
 
-    gap is the linear score added per gap position (normally negative); temperature 0 is classic hard
-    Smith-Waterman. Pair b is scored on score_matrix[b, :query_lengths[b], :target_lengths[b]].
+    gap is the linear score added per gap position (normally negative; -1.0 when not given). With
+    gap_open and gap_extend (and no gap) the gaps are affine, soft Gotoh: gap_open for a gap's first
+    position, gap_extend for each further one, gap_open <= gap_extend <= 0. Temperature 0 is classic hard
+    Smith-Waterman (Gotoh's with affine gaps). Pair b is scored on
+    score_matrix[b, :query_lengths[b], :target_lengths[b]].
     backend: 'auto' (CUDA for GPU tensors, else the compiled CPU engine), 'cuda', 'cpu', or 'reference'
     (the Python loop). float16/bfloat16 are computed in float32; the result has the input's dtype.
     """
-    if (_cuda_ready and type(gap) is float and type(temperature) is float and query_lengths is None
-            and target_lengths is None and backend == "auto" and type(score_matrix) is torch.Tensor
-            and score_matrix.is_cuda and score_matrix.dtype is torch.float32 and score_matrix.dim() == 3
-            and not score_matrix.requires_grad and temperature >= 0 and math.isfinite(gap)
-            and math.isfinite(temperature)):
-        # Inference on full float32 pairs on the GPU, every argument checked as below but in fewer
-        # steps: at small sizes (the seed's) the host's time per call sets the rate.
+    if gap is None and gap_open is None and gap_extend is None:
+        gap = -1.0
+    if (_cuda_ready and type(gap) is float and type(temperature) is float and gap_open is None
+            and gap_extend is None and query_lengths is None and target_lengths is None and backend == "auto"
+            and type(score_matrix) is torch.Tensor and score_matrix.is_cuda and score_matrix.dtype is torch.float32
+            and score_matrix.dim() == 3 and not score_matrix.requires_grad and temperature >= 0
+            and math.isfinite(gap) and math.isfinite(temperature)):
+        # Inference on full float32 pairs on the GPU with a linear gap, every argument checked as below but
+        # in fewer steps: at small sizes (the seed's) the host's time per call sets the rate.
         return _scores(score_matrix, None, None, gap, temperature)
     if not isinstance(score_matrix, torch.Tensor):
         raise ValueError(f"score_matrix must be a torch.Tensor, got {type(score_matrix).__name__}")
@@ -356,13 +494,16 @@ def soft_smith_waterman(
     dtype = score_matrix.dtype
     if not dtype.is_floating_point:
         raise ValueError(f"score_matrix must be floating point, got dtype {dtype}")
-    gap, temperature, backend, qlen, tlen = _check_arguments(
-        gap, temperature, backend, score_matrix, score_matrix.shape, query_lengths, target_lengths)
+    gap, affine = _check_gaps(gap, gap_open, gap_extend)
+    temperature, backend, qlen, tlen = _check_arguments(
+        temperature, backend, score_matrix, score_matrix.shape, query_lengths, target_lengths)
 
     S = score_matrix
     if dtype is torch.float16 or dtype is torch.bfloat16:
         S = S.float()
-    if backend == "reference":
+    if affine is not None:
+        scores = _affine_scores_of(S, qlen, tlen, *affine, temperature, backend)
+    elif backend == "reference":
         scores = soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
     else:
         _load_engine_for(S)
@@ -377,21 +518,49 @@ def soft_smith_waterman(
     return scores if S is score_matrix else scores.to(dtype)
 
 
+def _require_affine_kernels(tensor: torch.Tensor) -> None:
+    """A clear error, instead of the dispatcher's, where the engine of a CUDA tensor has no affine kernels
+    (the CUDA engine's are not written yet); checked once they are registered, so nothing changes then."""
+    if tensor.is_cuda and not torch.compiler.is_compiling() and not torch._C._dispatch_has_kernel_for_dispatch_key(
+            "swcli::affine_scores", "CUDA"):
+        raise ValueError("affine gaps (gap_open, gap_extend) have no CUDA kernels yet: score CPU tensors, or use "
+                         "backend='reference'")
+
+
+def _affine_scores_of(S, qlen, tlen, gap_open: float, gap_extend: float, temperature: float,
+                      backend: str) -> torch.Tensor:
+    """soft_smith_waterman's affine scores of float32/float64 S, past its checks."""
+    if backend == "reference":
+        return soft_smith_waterman_affine_reference(S, gap_open, gap_extend, temperature, qlen, tlen)
+    _load_engine_for(S)
+    _require_affine_kernels(S)
+    if torch.is_grad_enabled() and S.requires_grad:
+        if torch.compiler.is_compiling():
+            return _affine_forward(S, qlen, tlen, gap_open, gap_extend, temperature)[0]
+        return _AffineForwardWithGradient.apply(S, qlen, tlen, gap_open, gap_extend, temperature)
+    return _affine_scores(S, qlen, tlen, gap_open, gap_extend, temperature)
+
+
 def soft_smith_waterman_codes(
     query_codes: torch.Tensor,
     target_codes: torch.Tensor,
     matrix: torch.Tensor,
-    gap: float = -1.0,
+    gap: float | None = None,
     temperature: float = 1.0,
     query_lengths=None,
     target_lengths=None,
     backend: str = "auto",
+    *,
+    gap_open: float | None = None,
+    gap_extend: float | None = None,
 ) -> torch.Tensor:
     """Scores (B,) of pairs given as uint8 codes (B, M), (B, N) into a K x K substitution matrix.
 
-    The compiled engines look each score up in the matrix as they go, so the (B, M, N) score tensor is
-    never built (it would cost more than the alignment itself); backend='reference' builds it with a
-    gather and runs the Python loop in the matrix's dtype. No gradient: use soft_smith_waterman for that.
+    The gaps as in soft_smith_waterman: gap (linear, -1.0 when not given), or gap_open and gap_extend
+    (affine). The compiled engines look each score up in the matrix as they go, so the (B, M, N) score
+    tensor is never built (it would cost more than the alignment itself); backend='reference' builds it
+    with a gather and runs the Python loop in the matrix's dtype. No gradient: use soft_smith_waterman for
+    that.
     """
     for name, codes in (("query_codes", query_codes), ("target_codes", target_codes)):
         if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.dtype != torch.uint8:
@@ -406,38 +575,58 @@ def soft_smith_waterman_codes(
         raise ValueError(f"query_codes and target_codes are on {query_codes.device} and {target_codes.device}")
     K = matrix.shape[0]
     B, M = query_codes.shape
-    gap, temperature, backend, qlen, tlen = _check_arguments(
-        gap, temperature, backend, query_codes, (B, M, target_codes.shape[1]), query_lengths, target_lengths,
+    gap, affine = _check_gaps(gap, gap_open, gap_extend)
+    temperature, backend, qlen, tlen = _check_arguments(
+        temperature, backend, query_codes, (B, M, target_codes.shape[1]), query_lengths, target_lengths,
         (_code_range("query_codes", query_codes, K), _code_range("target_codes", target_codes, K)))
+    gap_open, gap_extend = affine or (None, None)
     return score_checked_codes(query_codes, target_codes, matrix.to(query_codes.device), gap, temperature, qlen,
-                               tlen, backend)
+                               tlen, backend, gap_open=gap_open, gap_extend=gap_extend)
 
 
-def score_checked_codes(query_codes, target_codes, matrix, gap: float, temperature: float, qlen, tlen,
-                        backend: str) -> torch.Tensor:
+def score_checked_codes(query_codes, target_codes, matrix, gap: float | None, temperature: float, qlen, tlen,
+                        backend: str, *, gap_open: float | None = None,
+                        gap_extend: float | None = None) -> torch.Tensor:
     """soft_smith_waterman_codes past its checks, for callers whose codes, lengths (int64 on the codes'
-    device, or None) and matrix (on that device) are valid by construction: the pipeline's batches. On
-    CUDA the checks wait for the device (the largest code, the lengths' range), and in the pipeline's
-    scoring thread each wait can also wait for the GIL."""
+    device, or None), matrix (on that device) and gaps are valid by construction: the pipeline's batches.
+    Affine when gap_open and gap_extend are given (gap is then None), else linear with gap. On CUDA the
+    checks wait for the device (the largest code, the lengths' range), and in the pipeline's scoring
+    thread each wait can also wait for the GIL."""
+    affine = gap_open is not None
     if backend == "reference":
         S = matrix[query_codes.long()[:, :, None], target_codes.long()[:, None, :]]
+        if affine:
+            return soft_smith_waterman_affine_reference(S, gap_open, gap_extend, temperature, qlen, tlen)
         return soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
     _load_engine_for(query_codes)
+    if affine:
+        _require_affine_kernels(query_codes)
+        return _affine_scores_codes(query_codes, target_codes, matrix, qlen, tlen, gap_open, gap_extend, temperature)
     return _scores_codes(query_codes, target_codes, matrix, qlen, tlen, gap, temperature)
 
 
 class SoftSmithWaterman(nn.Module):
-    """Drop-in for the reference module: same constructor, forward(score_matrix) -> (B,) scores."""
+    """Drop-in for the reference module: same constructor, forward(score_matrix) -> (B,) scores.
 
-    def __init__(self, gap_open: float = -1.0, temperature: float = 1.0, backend: str = "auto"):
+    gap_open keeps the seed module's meaning, the linear gap score added for every gap position, unless
+    gap_extend is given: then the gaps are affine, gap_open for a gap's first position and gap_extend
+    for each further one (soft_smith_waterman's gap_open and gap_extend)."""
+
+    def __init__(self, gap_open: float = -1.0, temperature: float = 1.0, backend: str = "auto", *,
+                 gap_extend: float | None = None):
         super().__init__()
         self.gap_open = gap_open
         self.temperature = temperature
         self.backend = backend
+        self.gap_extend = gap_extend
 
     def forward(self, score_matrix, query_lengths=None, target_lengths=None):
-        return soft_smith_waterman(score_matrix, self.gap_open, self.temperature,
-                                   query_lengths, target_lengths, self.backend)
+        if self.gap_extend is None:
+            return soft_smith_waterman(score_matrix, self.gap_open, self.temperature,
+                                       query_lengths, target_lengths, self.backend)
+        return soft_smith_waterman(score_matrix, None, self.temperature, query_lengths, target_lengths, self.backend,
+                                   gap_open=self.gap_open, gap_extend=self.gap_extend)
 
     def extra_repr(self) -> str:
-        return f"gap_open={self.gap_open}, temperature={self.temperature}, backend={self.backend!r}"
+        extend = "" if self.gap_extend is None else f", gap_extend={self.gap_extend}"
+        return f"gap_open={self.gap_open}{extend}, temperature={self.temperature}, backend={self.backend!r}"

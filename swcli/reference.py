@@ -6,6 +6,28 @@ The recurrence, for each pair with H[0][*] = H[*][0] = 0, a linear gap score g a
     H[i][j] = t * logsumexp(x / t)   (t > 0),   max(x)   (t = 0, classic Smith-Waterman)
     score = the max over every cell of H, the zero border included (so score >= 0)
 
+Affine gaps (soft Gotoh), with an open score o (a gap's first position) and an extension score e (each
+further one), o <= e <= 0, and smax_t(x...) = t * log(sum_k exp(x_k / t)) (max at t = 0):
+
+    M[i][j] = H[i-1][j-1] + S[i-1][j-1]
+    X[i][j] = smax_t(smax_t(0, M[i][j-1], Y[i][j-1]) + o, X[i][j-1] + e)     (a gap along the target)
+    Y[i][j] = smax_t(smax_t(0, M[i-1][j], X[i-1][j]) + o, Y[i-1][j] + e)     (a gap along the query)
+    H[i][j] = smax_t(0, M[i][j], X[i][j], Y[i][j])
+    borders (row 0, column 0): H = 0, M = X = Y = -inf;  score = the max over every cell of H
+
+Every local alignment is counted once: a gap opens from the start (the 0), from a match or from the other
+gap, and extends only from itself. Each state is computed here as one smax of four terms: since
+smax(a, b) + c = smax(a + c, b + c) and nested smax flatten,
+
+    X[i][j] = smax_t(o, M[i][j-1] + o, Y[i][j-1] + o, X[i][j-1] + e)
+    Y[i][j] = smax_t(o, M[i-1][j] + o, Y[i-1][j] + e, X[i-1][j] + o)
+
+which is the same function, and the form the engines compute. The terms are stacked in one order for
+every state, start, match, Y, X: at t = 0 it decides which of tied terms the gradient follows, and it is
+the linear loop's order (zero, match, delete, insert). With o == e == g, X[i][j] = H[i][j-1] + g and
+Y[i][j] = H[i-1][j] + g exactly (the four terms of X are those of H[i][j-1], each plus g), so H is the
+linear recurrence above at every temperature; computed, the two agree to rounding.
+
 Slow on purpose: one cell at a time, batched over pairs, differentiable through autograd, which defines
 the gradient. Do not optimise it; its value is that it is obviously the recurrence.
 """
@@ -41,13 +63,64 @@ def soft_smith_waterman_reference(
                 H[:, i, j] = stack.max(dim=-1).values
             else:
                 H[:, i, j] = temperature * torch.logsumexp(stack / temperature, dim=-1)
-    if query_lengths is not None or target_lengths is not None:
-        rows = torch.arange(M + 1, device=H.device).view(1, M + 1, 1)
-        cols = torch.arange(N + 1, device=H.device).view(1, 1, N + 1)
-        q = torch.full((B,), M) if query_lengths is None else query_lengths
-        t = torch.full((B,), N) if target_lengths is None else target_lengths
-        inside = (rows <= q.to(H.device).view(B, 1, 1)) & (cols <= t.to(H.device).view(B, 1, 1))
-        H = H.masked_fill(~inside, float("-inf"))
+    H = _outside_lengths(H, query_lengths, target_lengths)
+    return H.reshape(B, (M + 1) * (N + 1)).max(dim=-1).values
+
+
+def _outside_lengths(H: torch.Tensor, query_lengths, target_lengths) -> torch.Tensor:
+    """H (B, M+1, N+1) with -inf at every cell outside its pair's (qlen, tlen) window. A cell depends only
+    on cells above and to its left, so the max over the rest is pair b's score on S[b, :qlen, :tlen]."""
+    B, M1, N1 = H.shape
+    if query_lengths is None and target_lengths is None:
+        return H
+    rows = torch.arange(M1, device=H.device).view(1, M1, 1)
+    cols = torch.arange(N1, device=H.device).view(1, 1, N1)
+    q = torch.full((B,), M1 - 1) if query_lengths is None else query_lengths
+    t = torch.full((B,), N1 - 1) if target_lengths is None else target_lengths
+    inside = (rows <= q.to(H.device).view(B, 1, 1)) & (cols <= t.to(H.device).view(B, 1, 1))
+    return H.masked_fill(~inside, float("-inf"))
+
+
+def soft_smith_waterman_affine_reference(
+    score_matrix: torch.Tensor,
+    gap_open: float,
+    gap_extend: float,
+    temperature: float = 1.0,
+    query_lengths: torch.Tensor | None = None,
+    target_lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Scores (B,) of the soft Gotoh recurrence (affine gaps, module docstring); temperature 0 is the hard
+    maximum, Gotoh's local alignment. gap_open is the score of a gap's first position, gap_extend of each
+    further one. Lengths as in soft_smith_waterman_reference."""
+    B, M, N = score_matrix.shape
+    options = {"dtype": score_matrix.dtype, "device": score_matrix.device}
+    H = torch.zeros(B, M + 1, N + 1, **options)
+    match = torch.full((B, M + 1, N + 1), float("-inf"), **options)
+    X = torch.full((B, M + 1, N + 1), float("-inf"), **options)
+    Y = torch.full((B, M + 1, N + 1), float("-inf"), **options)
+
+    def smax(*terms):
+        if temperature == 0:
+            # The first largest term, or a NaN: the term torch.max(dim) picks, so autograd sends the
+            # gradient to it alone. Pairwise, since on small tensors torch.max(dim) waits for the
+            # thread pool on every call (0.1 to 1 ms a call on a busy 2-core machine, against 30 us).
+            best = terms[0]
+            for term in terms[1:]:
+                best = torch.where((term > best) | torch.isnan(term), term, best)
+            return best
+        return temperature * torch.logsumexp(torch.stack(terms, dim=-1) / temperature, dim=-1)
+
+    start = torch.full((B,), float(gap_open), **options)  # the 0 of an opening, plus o
+    zero = torch.zeros(B, **options)
+    for i in range(1, M + 1):
+        for j in range(1, N + 1):
+            match[:, i, j] = H[:, i - 1, j - 1] + score_matrix[:, i - 1, j - 1]
+            X[:, i, j] = smax(start, match[:, i, j - 1] + gap_open, Y[:, i, j - 1] + gap_open,
+                              X[:, i, j - 1] + gap_extend)
+            Y[:, i, j] = smax(start, match[:, i - 1, j] + gap_open, Y[:, i - 1, j] + gap_extend,
+                              X[:, i - 1, j] + gap_open)
+            H[:, i, j] = smax(zero, match[:, i, j], Y[:, i, j], X[:, i, j])
+    H = _outside_lengths(H, query_lengths, target_lengths)
     return H.reshape(B, (M + 1) * (N + 1)).max(dim=-1).values
 
 

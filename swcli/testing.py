@@ -27,7 +27,7 @@ import pytest
 import torch
 from Bio.Align import PairwiseAligner, substitution_matrices
 
-from swcli.reference import soft_smith_waterman_reference
+from swcli.reference import soft_smith_waterman_affine_reference, soft_smith_waterman_reference
 
 DEVICES = [torch.device("cpu")]
 if torch.cuda.is_available():
@@ -87,6 +87,9 @@ DEVICE_PARAMS = [
 DTYPE_PARAMS = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES]
 TEMPERATURES = [0.0, 0.1, 1.0, 10.0]
 GAPS = [-0.5, -1.0, -4.0]
+# Affine gaps (gap_open, gap_extend) with BLOSUM62: BLAST's defaults 11/1 (-12, -1) and its neighbours,
+# and open == extend, where the affine op is the linear one.
+AFFINE_GAPS = [(-12.0, -1.0), (-11.0, -1.0), (-10.0, -2.0), (-4.0, -4.0)]
 
 parametrize_device = pytest.mark.parametrize("device", DEVICE_PARAMS)
 parametrize_dtype = pytest.mark.parametrize("dtype", DTYPE_PARAMS)
@@ -185,11 +188,35 @@ def code_batch(pairs, matrix=BLOSUM62, device="cpu", pad_code=0):
     return query.to(device), target.to(device), qlen, tlen, table.to(device)
 
 
-def biopython_score(query: str, target: str, gap: float, matrix=BLOSUM62) -> float:
-    """The independent t = 0 oracle: Biopython's local alignment score with a linear gap."""
+def biopython_score(query: str, target: str, gap: float, matrix=BLOSUM62, *, gap_extend=None) -> float:
+    """The independent t = 0 oracle: Biopython's local alignment score with a linear gap, or with
+    gap_extend affine gaps (gap is then the open score: a gap's first position)."""
     aligner = PairwiseAligner(mode="local", substitution_matrix=matrix, open_gap_score=gap,
-                              extend_gap_score=gap)
+                              extend_gap_score=gap if gap_extend is None else gap_extend)
     return float(aligner.score(query, target))
+
+
+def example_proteins() -> list[str]:
+    """The 40 real protein sequences of data/example.fasta (UniProt, at most 500 residues)."""
+    from Bio.SeqIO.FastaIO import SimpleFastaParser
+
+    from swcli._files import packaged_file
+
+    with open(packaged_file("data", "example.fasta")) as handle:
+        return [sequence for _, sequence in SimpleFastaParser(handle)]
+
+
+def example_protein_pairs(count: int | None = None, seed: int = 0):
+    """Pairs of real proteins from data/example.fasta: its 20 pairs (record 1 with 2, 3 with 4, ...) and,
+    past 20, pairs of two different records drawn at random. count None: the 20."""
+    proteins = example_proteins()
+    pairs = [(proteins[k], proteins[k + 1]) for k in range(0, len(proteins) - 1, 2)]
+    count = len(pairs) if count is None else count
+    rng = random.Random(seed)
+    while len(pairs) < count:
+        a, b = rng.sample(range(len(proteins)), 2)
+        pairs.append((proteins[a], proteins[b]))
+    return pairs[:count]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -198,49 +225,58 @@ def biopython_score(query: str, target: str, gap: float, matrix=BLOSUM62) -> flo
 _REFERENCE_CACHE: dict = {}
 
 
-def _key(S: torch.Tensor, gap, temperature, qlen, tlen) -> tuple:
+def _key(S: torch.Tensor, gap, temperature, qlen, tlen, gap_extend=None) -> tuple:
     def digest(x):
         if x is None:
             return None
         x = torch.as_tensor(x).detach().cpu().contiguous()
         return (str(x.dtype), tuple(x.shape), hashlib.sha1(x.numpy().tobytes()).hexdigest())
 
-    return digest(S), float(gap), float(temperature), digest(qlen), digest(tlen)
+    extend = None if gap_extend is None else float(gap_extend)
+    return digest(S), float(gap), extend, float(temperature), digest(qlen), digest(tlen)
 
 
-def reference(S: torch.Tensor, gap: float, temperature: float, qlen=None, tlen=None) -> torch.Tensor:
-    """The reference loop's scores for S in S's own dtype, on the CPU, memoised by content."""
+def reference(S: torch.Tensor, gap: float, temperature: float, qlen=None, tlen=None, *,
+              gap_extend=None) -> torch.Tensor:
+    """The reference loop's scores for S in S's own dtype, on the CPU, memoised by content. With
+    gap_extend, the affine loop, gap being the open score (as in every helper here)."""
     S = S.detach().cpu()
     qlen = None if qlen is None else torch.as_tensor(qlen).cpu()
     tlen = None if tlen is None else torch.as_tensor(tlen).cpu()
-    key = _key(S, gap, temperature, qlen, tlen)
+    key = _key(S, gap, temperature, qlen, tlen, gap_extend)
     if key not in _REFERENCE_CACHE:
-        _REFERENCE_CACHE[key] = soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
+        if gap_extend is None:
+            _REFERENCE_CACHE[key] = soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
+        else:
+            _REFERENCE_CACHE[key] = soft_smith_waterman_affine_reference(S, gap, gap_extend, temperature, qlen,
+                                                                         tlen)
     return _REFERENCE_CACHE[key].clone()
 
 
-def tolerance(S: torch.Tensor, gap: float, temperature: float, qlen=None, tlen=None) -> float:
+def tolerance(S: torch.Tensor, gap: float, temperature: float, qlen=None, tlen=None, *,
+              gap_extend=None) -> float:
     """The absolute tolerance for a result of S's dtype (float32 or float64): the rule above."""
     if S.dtype == torch.float64:
         return FLOAT64_ATOL
     if S.dtype != torch.float32:
         raise ValueError(f"no tolerance rule for {S.dtype}")
-    exact = reference(S.double(), gap, temperature, qlen, tlen)
-    single = reference(S.float(), gap, temperature, qlen, tlen).double()
+    exact = reference(S.double(), gap, temperature, qlen, tlen, gap_extend=gap_extend)
+    single = reference(S.float(), gap, temperature, qlen, tlen, gap_extend=gap_extend).double()
     finite = torch.isfinite(exact)
     err32 = (single - exact)[finite].abs().max().item() if finite.any() else 0.0
     return max(FLOAT32_MIN_ATOL, 2.0 * err32)
 
 
 def assert_close_to_reference(out: torch.Tensor, S: torch.Tensor, gap: float, t: float, qlen=None,
-                              tlen=None) -> None:
-    """out (B,) must match the float64 reference on S within the tolerance for S's dtype."""
+                              tlen=None, *, gap_extend=None) -> None:
+    """out (B,) must match the float64 reference on S within the tolerance for S's dtype (the affine
+    reference with gap_extend, gap being the open score)."""
     assert isinstance(out, torch.Tensor)
     assert out.shape == (S.shape[0],), f"shape {tuple(out.shape)}, expected ({S.shape[0]},)"
     assert out.dtype == S.dtype, f"dtype {out.dtype}, expected {S.dtype}"
     assert out.device == S.device, f"device {out.device}, expected {S.device}"
-    expected = reference(S.double(), gap, t, qlen, tlen)
-    atol = tolerance(S, gap, t, qlen, tlen)
+    expected = reference(S.double(), gap, t, qlen, tlen, gap_extend=gap_extend)
+    atol = tolerance(S, gap, t, qlen, tlen, gap_extend=gap_extend)
     got = out.detach().cpu().double()
     nan_got, nan_expected = torch.isnan(got), torch.isnan(expected)
     assert torch.equal(nan_got, nan_expected), (
@@ -250,8 +286,9 @@ def assert_close_to_reference(out: torch.Tensor, S: torch.Tensor, gap: float, t:
     err = (got - expected).abs()
     err[nan_got] = 0.0
     worst = int(err.argmax()) if err.numel() else 0
+    gaps = f"gap {gap}" if gap_extend is None else f"gap_open {gap}, gap_extend {gap_extend}"
     assert err.numel() == 0 or err.max().item() <= atol, (
-        f"max error {err.max().item():.3g} > tolerance {atol:.3g} (dtype {S.dtype}, gap {gap}, "
+        f"max error {err.max().item():.3g} > tolerance {atol:.3g} (dtype {S.dtype}, {gaps}, "
         f"t {t}, shape {tuple(S.shape)}): pair {worst} got {got[worst].item()!r}, "
         f"expected {expected[worst].item()!r}"
     )
@@ -261,8 +298,9 @@ def assert_close_to_reference(out: torch.Tensor, S: torch.Tensor, gap: float, t:
 # The op, masks and the reference gradient
 
 
-def run(S, gap=-1.0, t=1.0, qlen=None, tlen=None, backend=None):
-    """The op on S's device with the compiled backend for that device (unless told otherwise)."""
+def run(S, gap=-1.0, t=1.0, qlen=None, tlen=None, backend=None, *, gap_extend=None):
+    """The op on S's device with the compiled backend for that device (unless told otherwise); with
+    gap_extend affine gaps, gap being the open score."""
     import swcli
 
     if backend is None:
@@ -271,7 +309,22 @@ def run(S, gap=-1.0, t=1.0, qlen=None, tlen=None, backend=None):
         qlen = qlen.to(S.device)
     if tlen is not None:
         tlen = tlen.to(S.device)
+    if gap_extend is not None:
+        return swcli.soft_smith_waterman(S, None, t, qlen, tlen, backend=backend, gap_open=gap,
+                                         gap_extend=gap_extend)
     return swcli.soft_smith_waterman(S, gap, t, qlen, tlen, backend=backend)
+
+
+def require_affine_kernels(device) -> None:
+    """Load the engine of `device` and skip the test where that engine has no affine kernels yet (the
+    CUDA engine's come later), so that those cases run, and must pass, as soon as it has them. The CPU
+    engine has them: a CPU case is never skipped here."""
+    from swcli.ops import load_engine
+
+    device = torch.device(device)
+    load_engine(device)
+    if device.type == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key("swcli::affine_scores", "CUDA"):
+        pytest.skip("affine CUDA kernels not built yet")
 
 
 def window_mask(B, M, N, qlen, tlen):
@@ -281,10 +334,16 @@ def window_mask(B, M, N, qlen, tlen):
     return rows | cols
 
 
-def reference_gradient(S, gap, t, qlen, tlen, grad_out):
-    """(scores, grad of (scores * grad_out).sum() by S) through the float64 reference loop, on the CPU."""
+def reference_gradient(S, gap, t, qlen, tlen, grad_out, *, gap_extend=None):
+    """(scores, grad of (scores * grad_out).sum() by S) through the float64 reference loop, on the CPU
+    (the affine loop with gap_extend, gap being the open score)."""
     S64 = S.detach().cpu().double().requires_grad_()
-    out = soft_smith_waterman_reference(S64, gap, t, qlen, tlen)
+    qlen = None if qlen is None else torch.as_tensor(qlen).cpu()
+    tlen = None if tlen is None else torch.as_tensor(tlen).cpu()
+    if gap_extend is None:
+        out = soft_smith_waterman_reference(S64, gap, t, qlen, tlen)
+    else:
+        out = soft_smith_waterman_affine_reference(S64, gap, gap_extend, t, qlen, tlen)
     (out * grad_out.cpu().double()).sum().backward()
     return out.detach(), S64.grad
 

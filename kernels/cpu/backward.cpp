@@ -17,17 +17,6 @@ namespace swcli_cpu {
 
 namespace {
 
-// The softmax weight exp((x - h) / t) of a term x of a cell h, on whole vectors: float by exp2_any (0
-// below 2^-125, as for a -inf term; a NaN stays a NaN), float64 by the C library.
-inline Lanes<float>::V softmax_weight(Lanes<float>::V x, Lanes<float>::V h, float log2e_t, float) {
-  return exp2_any((x - h) * log2e_t);
-}
-inline Lanes<double>::V softmax_weight(Lanes<double>::V x, Lanes<double>::V h, double, double temperature) {
-  Lanes<double>::V out;
-  for (int l = 0; l < Lanes<double>::L; ++l) out[l] = std::exp((x[l] - h[l]) / temperature);
-  return out;
-}
-
 // Per-thread rows of the reverse sweep (see backward_pair_soft), each padded by a vector for the loads.
 template <typename T>
 struct BackwardRows {
@@ -35,28 +24,6 @@ struct BackwardRows {
   void resize(int64_t n) {
     const size_t size = static_cast<size_t>(n + 2 + Lanes<T>::L);
     for (auto* v : {&w1, &w2, &w3, &w1_below, &w2_below, &e, &e_below, &scores}) v->assign(size, T(0));
-  }
-};
-
-// One pair's part of the backward: its H (rows of ld values), S and gradient, and its best cell (bi, bj),
-// the first maximal cell of H in row-major order, as torch.max picks it (a NaN first).
-template <typename T>
-struct PairGradient {
-  int64_t q, n, ld, bi = 0, bj = 0;
-  const T* H;
-  const T* S;
-  T* G;
-  PairGradient(const Problem& pr, const DenseSource<T>& scores, const T* table, T* grad_S, int64_t b)
-      : q(pr.qlen[b]), n(pr.tlen[b]), ld(pr.N + 1), H(table + b * (pr.M + 1) * ld), S(scores.S + b * scores.sB),
-        G(grad_S + b * pr.M * pr.N) {
-    T best = H[0];
-    for (int64_t i = 0; i <= q; ++i) {
-      const T* h_row = H + i * ld;
-      for (int64_t j = 0; j <= n; ++j) {
-        const T h = h_row[j];
-        if (h > best || (h != h && best == best)) bi = i, bj = j, best = h;
-      }
-    }
   }
 };
 

@@ -11,12 +11,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include "affine.h"
 #include "backward.h"
 #include "forward_log.h"
 #include "forward_scaled.h"
@@ -143,12 +145,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward_cpu(
   return {scores, dp.reshape(-1), best, failed};
 }
 
-// Scores (B,) float32 of pairs given as uint8 codes (B, M) and (B, N) into a K x K matrix.
-at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, const at::Tensor& matrix,
-                            const std::optional<at::Tensor>& query_lengths,
-                            const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
-                            int64_t lane_columns, bool scaled, const std::optional<at::Tensor>& log_pairs) {
-  check_lane_columns(lane_columns);
+// Pairs given as uint8 codes (B, M) and (B, N) into a K x K matrix, checked, with what the sweeps read:
+// the lengths, the codes, the matrix as a contiguous float32 table, and the source over them (which
+// points into these tensors, kept here).
+struct CodeInputs {
+  at::Tensor qlen, tlen, q, t, table;
+  Problem pr;
+  CodeSource source;
+};
+
+CodeInputs code_inputs(const at::Tensor& query, const at::Tensor& target, const at::Tensor& matrix,
+                       const std::optional<at::Tensor>& query_lengths,
+                       const std::optional<at::Tensor>& target_lengths) {
   TORCH_CHECK(query.dim() == 2 && target.dim() == 2 && query.size(0) == target.size(0) &&
                   query.dtype() == at::kByte && target.dtype() == at::kByte && query.device().is_cpu() &&
                   target.device().is_cpu(),
@@ -156,29 +164,43 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
   TORCH_CHECK(matrix.dim() == 2 && matrix.size(0) == matrix.size(1) && matrix.size(0) <= 256 &&
                   matrix.device().is_cpu(),
               "the substitution matrix must be a square CPU tensor of at most 256 x 256");
-  check_temperature(temperature);
-  check_counter(log_pairs);
-  const at::Tensor qlen = lengths_or_full(query_lengths, query.size(0), query.size(1), "query_lengths", "M");
-  const at::Tensor tlen = lengths_or_full(target_lengths, target.size(0), target.size(1), "target_lengths", "N");
+  CodeInputs in;
+  in.qlen = lengths_or_full(query_lengths, query.size(0), query.size(1), "query_lengths", "M");
+  in.tlen = lengths_or_full(target_lengths, target.size(0), target.size(1), "target_lengths", "N");
   // One query row shared by every pair (an expanded (B, M) view, as a search passes it) is read where
   // it is, with a stride of 0: no copy of the query per target.
   const bool shared_query = query.size(0) > 1 && query.stride(0) == 0 && (query.size(1) <= 1 || query.stride(1) == 1);
-  const at::Tensor q = shared_query ? query : query.contiguous(), t = target.contiguous();
+  in.q = shared_query ? query : query.contiguous();
+  in.t = target.contiguous();
   const int64_t K = matrix.size(0);
-  if (q.numel() > 0)
-    TORCH_CHECK((shared_query ? q[0] : q).max().item<int64_t>() < K, "a query code is outside the matrix");
-  if (t.numel() > 0) TORCH_CHECK(t.max().item<int64_t>() < K, "a target code is outside the matrix");
-  const at::Tensor table = matrix.to(at::kFloat).contiguous();
-  const Problem pr{q.size(0), q.size(1), t.size(1), qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
+  if (in.q.numel() > 0)
+    TORCH_CHECK((shared_query ? in.q[0] : in.q).max().item<int64_t>() < K, "a query code is outside the matrix");
+  if (in.t.numel() > 0) TORCH_CHECK(in.t.max().item<int64_t>() < K, "a target code is outside the matrix");
+  in.table = matrix.to(at::kFloat).contiguous();
+  in.pr = Problem{in.q.size(0), in.q.size(1), in.t.size(1), in.qlen.data_ptr<int64_t>(), in.tlen.data_ptr<int64_t>()};
+  in.source = CodeSource{in.q.data_ptr<uint8_t>(), in.t.data_ptr<uint8_t>(), in.pr.M, in.pr.N, K,
+                         shared_query ? 0 : in.pr.M, in.tlen.data_ptr<int64_t>(), in.table.data_ptr<float>(), {}};
+  return in;
+}
+
+// Scores (B,) float32 of pairs given as uint8 codes (B, M) and (B, N) into a K x K matrix.
+at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, const at::Tensor& matrix,
+                            const std::optional<at::Tensor>& query_lengths,
+                            const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
+                            int64_t lane_columns, bool scaled, const std::optional<at::Tensor>& log_pairs) {
+  check_lane_columns(lane_columns);
+  check_temperature(temperature);
+  check_counter(log_pairs);
+  const CodeInputs in = code_inputs(query, target, matrix, query_lengths, target_lengths);
+  const Problem& pr = in.pr;
+  const int64_t K = in.table.size(0);
   at::Tensor scores = at::zeros({pr.B}, matrix.options().dtype(at::kFloat));
-  const CodeSource source{q.data_ptr<uint8_t>(), t.data_ptr<uint8_t>(), pr.M, pr.N, K, shared_query ? 0 : pr.M,
-                          tlen.data_ptr<int64_t>(), table.data_ptr<float>(), {}};
   // The scaled sweep's table of powers 2^(m c), rounded once, where every one is at most 2^60 (a NaN
   // or a huge entry keeps the whole call in log space).
   std::vector<float> powers;
   if (scaled_applies(scaled, gap, temperature)) {
     const double c = log2e_over<float>(temperature);
-    const float* m = table.data_ptr<float>();
+    const float* m = in.table.data_ptr<float>();
     powers.resize(K * K);
     for (int64_t x = 0; x < K * K; ++x) {
       powers[x] = static_cast<float>(std::exp2(double(m[x]) * c));
@@ -190,12 +212,12 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
   }
   int64_t to_log = 0;
   if (!powers.empty()) {
-    CodeSource with_powers = source;
+    CodeSource with_powers = in.source;
     with_powers.matrix = powers.data();
-    forward_scaled<true>(pr, with_powers, source, static_cast<float>(gap), static_cast<float>(temperature),
+    forward_scaled<true>(pr, with_powers, in.source, static_cast<float>(gap), static_cast<float>(temperature),
                          scores.data_ptr<float>(), nullptr, to_log);
   } else {
-    forward_all<float>(pr, source, static_cast<float>(gap), static_cast<float>(temperature),
+    forward_all<float>(pr, in.source, static_cast<float>(gap), static_cast<float>(temperature),
                        scores.data_ptr<float>(), nullptr);
   }
   add_log_pairs(log_pairs, to_log);
@@ -270,6 +292,121 @@ std::tuple<at::Tensor, at::Tensor> op_scores_codes_counted(const at::Tensor& que
   return {scores, log_pairs};
 }
 
+// ------------------------------------------------------------------------------------------------
+// Affine gaps (affine.h): log space at every temperature, float32 and float64.
+
+// The engine checks the gaps itself, as it does the lengths, since the operators can be called past the
+// Python checks: the affine op is defined for finite gap_open <= gap_extend <= 0 only.
+void check_affine_gaps(double gap_open, double gap_extend) {
+  TORCH_CHECK(std::isfinite(gap_open) && std::isfinite(gap_extend) && gap_open <= gap_extend && gap_extend <= 0,
+              "affine gaps need finite scores with gap_open <= gap_extend <= 0, got gap_open = " + number(gap_open) +
+                  ", gap_extend = " + number(gap_extend));
+}
+
+// Scores (B,) of dense S with affine gaps, and with keep_tables the state the backward reads: the tables
+// H, X and Y (B, M+1, N+1) one after the other, flattened, with their borders (H = 0, X = Y = -inf).
+std::tuple<at::Tensor, at::Tensor> affine_dense_forward(const at::Tensor& S,
+                                                        const std::optional<at::Tensor>& query_lengths,
+                                                        const std::optional<at::Tensor>& target_lengths,
+                                                        double gap_open, double gap_extend, double temperature,
+                                                        int64_t lane_columns, bool keep_tables) {
+  check_lane_columns(lane_columns);
+  check_scores(S);
+  check_temperature(temperature);
+  check_affine_gaps(gap_open, gap_extend);
+  const at::Tensor qlen = lengths_or_full(query_lengths, S.size(0), S.size(1), "query_lengths", "M");
+  const at::Tensor tlen = lengths_or_full(target_lengths, S.size(0), S.size(2), "target_lengths", "N");
+  const Problem pr{S.size(0), S.size(1), S.size(2), qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
+  at::Tensor scores = at::zeros({pr.B}, S.options());
+  const int64_t cells = pr.B * (pr.M + 1) * (pr.N + 1);
+  at::Tensor state = at::empty({keep_tables ? 3 * cells : 0}, S.options());
+  if (keep_tables) {
+    state.narrow(0, 0, cells).zero_();
+    state.narrow(0, cells, 2 * cells).fill_(-std::numeric_limits<double>::infinity());
+  }
+  AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "swcli_cpu_affine_forward", [&] {
+    AffineTables<scalar_t> tables{};
+    if (keep_tables) {
+      scalar_t* base = state.data_ptr<scalar_t>();
+      tables = AffineTables<scalar_t>{base, base + cells, base + 2 * cells};
+    }
+    affine_forward<scalar_t>(pr, dense_source<scalar_t>(S, tlen),
+                             AffineGaps<scalar_t>{static_cast<scalar_t>(gap_open), static_cast<scalar_t>(gap_extend)},
+                             static_cast<scalar_t>(temperature), scores.data_ptr<scalar_t>(),
+                             keep_tables ? &tables : nullptr);
+  });
+  return {scores, state};
+}
+
+at::Tensor op_affine_scores(const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
+                            const std::optional<at::Tensor>& target_lengths, double gap_open, double gap_extend,
+                            double temperature, int64_t lane_columns) {
+  return std::get<0>(affine_dense_forward(S, query_lengths, target_lengths, gap_open, gap_extend, temperature,
+                                          lane_columns, false));
+}
+
+// (scores, state, best): best is the CUDA engine's record of each pair's best cell; the CPU backward
+// finds that cell again in H (the first maximal cell in row-major order), so here it is -1 everywhere.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> op_affine_forward(const at::Tensor& S,
+                                                                 const std::optional<at::Tensor>& query_lengths,
+                                                                 const std::optional<at::Tensor>& target_lengths,
+                                                                 double gap_open, double gap_extend,
+                                                                 double temperature, int64_t lane_columns) {
+  auto [scores, state] = affine_dense_forward(S, query_lengths, target_lengths, gap_open, gap_extend, temperature,
+                                              lane_columns, true);
+  at::Tensor best = at::full({S.size(0)}, -1, at::TensorOptions().dtype(at::kLong));
+  return {scores, state, best};
+}
+
+// Scores (B,) float32 of code pairs with affine gaps.
+at::Tensor op_affine_scores_codes(const at::Tensor& query, const at::Tensor& target, const at::Tensor& matrix,
+                                  const std::optional<at::Tensor>& query_lengths,
+                                  const std::optional<at::Tensor>& target_lengths, double gap_open,
+                                  double gap_extend, double temperature, int64_t lane_columns) {
+  check_lane_columns(lane_columns);
+  check_temperature(temperature);
+  check_affine_gaps(gap_open, gap_extend);
+  const CodeInputs in = code_inputs(query, target, matrix, query_lengths, target_lengths);
+  at::Tensor scores = at::zeros({in.pr.B}, matrix.options().dtype(at::kFloat));
+  affine_forward<float>(in.pr, in.source,
+                        AffineGaps<float>{static_cast<float>(gap_open), static_cast<float>(gap_extend)},
+                        static_cast<float>(temperature), scores.data_ptr<float>(), nullptr);
+  return scores;
+}
+
+// grad_S (B, M, N) from op_affine_forward's state; best is the CUDA engine's and unused here.
+at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                              const at::Tensor& /*best*/, const std::optional<at::Tensor>& query_lengths,
+                              const std::optional<at::Tensor>& target_lengths, double gap_open, double gap_extend,
+                              double temperature, int64_t lane_columns) {
+  check_lane_columns(lane_columns);
+  check_scores(S);
+  check_temperature(temperature);
+  check_affine_gaps(gap_open, gap_extend);
+  const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
+  const at::Tensor qlen = lengths_or_full(query_lengths, B, M, "query_lengths", "M");
+  const at::Tensor tlen = lengths_or_full(target_lengths, B, N, "target_lengths", "N");
+  const int64_t cells = B * (M + 1) * (N + 1);
+  TORCH_CHECK(state.device().is_cpu() && state.scalar_type() == S.scalar_type() && state.numel() == 3 * cells,
+              "state does not match the score matrix: it must be the affine forward's tables H, X and Y, " +
+                  std::to_string(3 * cells) + " values of S's dtype on the CPU");
+  TORCH_CHECK(grad_scores.device().is_cpu() && grad_scores.numel() == B,
+              "grad_scores must be a CPU tensor of " + std::to_string(B) + " values");
+  const Problem pr{B, M, N, qlen.data_ptr<int64_t>(), tlen.data_ptr<int64_t>()};
+  const at::Tensor tables = state.contiguous();
+  const at::Tensor grad = grad_scores.to(S.scalar_type()).contiguous();
+  at::Tensor grad_S = at::zeros({B, M, N}, S.options());
+  AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "swcli_cpu_affine_backward", [&] {
+    const scalar_t* base = tables.data_ptr<scalar_t>();
+    affine_backward<scalar_t>(pr, dense_source<scalar_t>(S, tlen),
+                              AffineTables<const scalar_t>{base, base + cells, base + 2 * cells},
+                              grad.data_ptr<scalar_t>(),
+                              AffineGaps<scalar_t>{static_cast<scalar_t>(gap_open), static_cast<scalar_t>(gap_extend)},
+                              static_cast<scalar_t>(temperature), grad_S.data_ptr<scalar_t>());
+  });
+  return grad_S;
+}
+
 }  // namespace
 }  // namespace swcli_cpu
 
@@ -280,4 +417,8 @@ TORCH_LIBRARY_IMPL(swcli, CPU, m) {
   m.impl("scores_codes_counted", &swcli_cpu::op_scores_codes_counted);
   m.impl("forward", &swcli_cpu::forward_cpu);
   m.impl("backward", &swcli_cpu::backward_cpu);
+  m.impl("affine_scores", &swcli_cpu::op_affine_scores);
+  m.impl("affine_scores_codes", &swcli_cpu::op_affine_scores_codes);
+  m.impl("affine_forward", &swcli_cpu::op_affine_forward);
+  m.impl("affine_backward", &swcli_cpu::op_affine_backward);
 }

@@ -133,17 +133,17 @@ inline Lanes<double>::V log2_one_to_four(Lanes<double>::V x) {
   return out;
 }
 
-// One DP cell for W pairs. x1 = match, x2 = delete, x3 = insert; the fourth term is 0.
+// The soft (logsumexp) or hard max of four terms for W pairs: x1, x2, x3 and `floor`, a finite term that
+// is never NaN (0 for a linear or an affine H cell, the gap-open score for an affine gap state).
 // log2e_t = log2(e) / t and back = t * ln(2) (unused when Hard).
 template <typename T, bool Hard>
-inline typename Lanes<T>::V cell(typename Lanes<T>::V x1, typename Lanes<T>::V x2, typename Lanes<T>::V x3,
-                                 T log2e_t, T back) {
+inline typename Lanes<T>::V max4(typename Lanes<T>::V floor, typename Lanes<T>::V x1, typename Lanes<T>::V x2,
+                                 typename Lanes<T>::V x3, T log2e_t, T back) {
   using V = typename Lanes<T>::V;
-  const V zero = splat<V>(T(0));
-  if (Hard) return nan_max(nan_max(x1, x2), nan_max(x3, zero));
+  if (Hard) return nan_max(nan_max(x1, x2), nan_max(x3, floor));
   // Sort the four terms far enough to know the largest, m, and skip its exp (it is 1).
   const V a = plain_max(x1, x2), b = plain_min(x1, x2);
-  const V c = plain_max(x3, zero), d = plain_min(x3, zero);
+  const V c = plain_max(x3, floor), d = plain_min(x3, floor);
   const V m = plain_max(a, c), n = plain_min(a, c);
   const V sum = T(1) + exp2_nonpositive((n - m) * log2e_t) + exp2_nonpositive((b - m) * log2e_t) +
                 exp2_nonpositive((d - m) * log2e_t);
@@ -151,6 +151,13 @@ inline typename Lanes<T>::V cell(typename Lanes<T>::V x1, typename Lanes<T>::V x
   h = m == std::numeric_limits<T>::infinity() ? m : h;
   const auto has_nan = (x1 != x1) | (x2 != x2) | (x3 != x3);
   return has_nan ? x1 + x2 + x3 : h;
+}
+
+// One DP cell for W pairs. x1 = match, x2 = delete, x3 = insert; the fourth term is 0.
+template <typename T, bool Hard>
+inline typename Lanes<T>::V cell(typename Lanes<T>::V x1, typename Lanes<T>::V x2, typename Lanes<T>::V x3,
+                                 T log2e_t, T back) {
+  return max4<T, Hard>(splat<typename Lanes<T>::V>(T(0)), x1, x2, x3, log2e_t, back);
 }
 
 using VF = Lanes<float>::V;
@@ -171,6 +178,17 @@ inline VF exp2_any(VF x) {
   const VF p = exp2_nonpositive(x > 127.0f ? splat<VF>(0.0f) : x);
   const VF inf = splat<VF>(std::numeric_limits<float>::infinity());
   return x == x ? (x > 127.0f ? inf : (x < -125.0f ? splat<VF>(0.0f) : p)) : x;
+}
+
+// The softmax weight exp((x - h) / t) of a term x of a cell h, on whole vectors, for the backward sweeps:
+// float by exp2_any (0 below 2^-125, as for a -inf term; a NaN stays a NaN), float64 by the C library.
+inline Lanes<float>::V softmax_weight(Lanes<float>::V x, Lanes<float>::V h, float log2e_t, float) {
+  return exp2_any((x - h) * log2e_t);
+}
+inline Lanes<double>::V softmax_weight(Lanes<double>::V x, Lanes<double>::V h, double, double temperature) {
+  Lanes<double>::V out;
+  for (int l = 0; l < Lanes<double>::L; ++l) out[l] = std::exp((x[l] - h[l]) / temperature);
+  return out;
 }
 
 }  // namespace swcli_cpu
