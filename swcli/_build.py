@@ -1,4 +1,5 @@
-"""Compile the engines in kernels/cpu and kernels/cuda at first use, once per source hash, and load them.
+"""Compile the engines in kernels/cpu and kernels/cuda (and the host loops of kernels/host) at first use,
+once per source hash, and load them.
 
 Each engine is a folder of C++/CUDA sources whose TORCH_LIBRARY_IMPL blocks register the CPU or CUDA
 kernels of the swcli operators (their schemas are defined in swcli/ops.py). torch.utils.cpp_extension.load
@@ -266,15 +267,17 @@ def _remove_stale_torch_lock(build_dir: Path) -> None:
 
 
 def build(name: str, folder: str, extra_cflags: list[str], extra_ldflags: list[str],
-          extra_cuda_cflags: tuple[str, ...] = (), cuda_arch: str = "") -> Engine:
+          extra_cuda_cflags: tuple[str, ...] = (), cuda_arch: str = "", what: str = "",
+          takes: str = "about a minute") -> Engine:
     """Compile every source of kernels/<folder> into one library and load it (cached by content).
 
     .cpp files go to the host compiler, .cu files to nvcc for cuda_arch (e.g. "9.0"); the headers are
-    hashed with them.
+    hashed with them. `what` names the library in messages (default: the <name> engine).
     """
     import torch
     from torch.utils.cpp_extension import load
 
+    what = what or f"the {name} engine"
     files = engine_files(folder)
     cuda = any(f.suffix == ".cu" for f in files)
     key = "\n".join(
@@ -299,7 +302,7 @@ def build(name: str, folder: str, extra_cflags: list[str], extra_ldflags: list[s
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"swcli: waiting for another process that is compiling the {name} engine",
+            print(f"swcli: waiting for another process that is compiling {what}",
                   file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         _remove_stale_torch_lock(build_dir)
@@ -316,7 +319,7 @@ def build(name: str, folder: str, extra_cflags: list[str], extra_ldflags: list[s
         _check_toolchain(cuda=cuda)
         _check_compiler_runs()
         why = f"again (the cached library was unreadable: {unreadable})" if unreadable else "(first use)"
-        print(f"swcli: compiling the {name} engine {why}; takes about a minute, in {build_dir}",
+        print(f"swcli: compiling {what} {why}; takes {takes}, in {build_dir}",
               file=sys.stderr, flush=True)
         options = {}
         if cuda:
@@ -337,7 +340,7 @@ def build(name: str, folder: str, extra_cflags: list[str], extra_ldflags: list[s
                 **options,
             )
         except Exception as exc:  # ninja's RuntimeError, torch's compiler probes, the loader's OSError
-            raise BuildError(_build_failure(name, build_dir, exc, unreadable)) from exc
+            raise BuildError(_build_failure(what, build_dir, exc, unreadable)) from exc
         finally:
             if cuda_arch:
                 if saved_arch is None:
@@ -347,7 +350,7 @@ def build(name: str, folder: str, extra_cflags: list[str], extra_ldflags: list[s
     return Engine(module_name, library)
 
 
-def _build_failure(name: str, build_dir: Path, exc: Exception, unreadable: str | None) -> str:
+def _build_failure(what: str, build_dir: Path, exc: Exception, unreadable: str | None) -> str:
     """One line for a failed build: the first error line and the compiler; the whole log is written to
     build_dir/build.log."""
     log = str(exc)
@@ -361,15 +364,22 @@ def _build_failure(name: str, build_dir: Path, exc: Exception, unreadable: str |
     except OSError:
         saved = ""
     compiler, resolved = _compiler()
-    what = (f"the cached {name} engine in {build_dir} was unreadable ({unreadable}), and rebuilding it failed"
-            if unreadable else f"building the {name} engine in {build_dir} failed")
-    return f"{what}: {_first_error_line(log)} (C++ compiler '{compiler}' = {resolved}{saved})"
+    failure = (f"{what} cached in {build_dir} was unreadable ({unreadable}), and rebuilding it failed"
+               if unreadable else f"building {what} in {build_dir} failed")
+    return f"{failure}: {_first_error_line(log)} (C++ compiler '{compiler}' = {resolved}{saved})"
 
 
 @functools.lru_cache(maxsize=None)
 def cpu_engine() -> Engine:
     """The CPU engine (kernels/cpu), compiled for this CPU and loaded."""
     return build("cpu", "cpu", CPU_FLAGS, ["-fopenmp"])
+
+
+@functools.lru_cache(maxsize=None)
+def host_library() -> Engine:
+    """The host pipeline's bulk loops (kernels/host: FASTA scanning, padding rows, TSV rows), plain C
+    functions that swcli._host calls through ctypes."""
+    return build("host", "host", ["-O3"], [], what="the host library", takes="a few seconds")
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,9 +22,9 @@ import torch
 from swcli import ops
 from swcli._files import packaged_file
 from swcli.errors import SwcliError
-from swcli.fasta import FastaRecord, pairs_in_one_file, read_fasta
-from swcli.output import TsvWriter
-from swcli.pipeline import Settings, Stats, align
+from swcli.fasta import FastaRecord, chunks_in_one_file, read_fasta
+from swcli.output import TsvWriter, chunk_rows
+from swcli.pipeline import Settings, Stats, align_chunks
 from swcli.reference import soft_smith_waterman_reference
 from swcli.scoring import load_matrix
 
@@ -88,13 +88,13 @@ def random_pairs(records: list[FastaRecord], count: int, seed: int = 0) -> list[
 def real_batch(records: list[FastaRecord], count: int, device=None):
     """(batch, BLOSUM62 as a tensor): `count` random pairs of `records` as codes, in one padded,
     length-sorted batch on `device`, as the code-lookup path (the CLI's) takes them."""
-    from swcli.batching import make_batches
+    from swcli.batching import batches_of
 
     matrix = load_matrix("BLOSUM62")
     pairs = random_pairs(records, count)
     q = [matrix.encode(a.sequence, a.where) for a, _ in pairs]
     t = [matrix.encode(b.sequence, b.where) for _, b in pairs]
-    (batch,) = make_batches(q, t, max_cells=1 << 62, max_residues=1 << 62, device=device)
+    (batch,) = batches_of(q, t, max_cells=1 << 62, max_residues=1 << 62, device=device)
     return batch, matrix.tensor(device=device)
 
 
@@ -145,14 +145,17 @@ def end_to_end_rows(backend: str, records: list[FastaRecord], count: int) -> lis
                 for a, b in random_pairs(records, n):
                     handle.write(f">{a.id}\n{a.sequence}\n>{b.id}\n{b.sequence}\n")
         settings = {t: Settings(load_matrix("BLOSUM62"), -4.0, t, backend) for t in (1.0, 0.0)}
+        def align_file(path: Path, settings: Settings, stats: Stats) -> None:  # as `swcli align` does
+            with TsvWriter(str(Path(folder) / "out.tsv")) as writer:
+                for chunk, scores in align_chunks(chunks_in_one_file(str(path), settings.chunk_size), settings,
+                                                  stats):
+                    writer.write_bytes(chunk_rows(chunk, scores))
+
         for temperature in settings:
-            for _ in align(pairs_in_one_file(str(warmup)), settings[temperature], Stats()):
-                pass
+            align_file(warmup, settings[temperature], Stats())
         for temperature in settings:
             stats = Stats()
-            with TsvWriter(str(Path(folder) / "out.tsv")) as writer:
-                for result in align(pairs_in_one_file(str(fasta)), settings[temperature], stats):
-                    writer.write(*result.row())
+            align_file(fasta, settings[temperature], stats)
             total = stats.seconds
             outside = 1 - stats.kernel_seconds / total
             rows.append(Row(f"end-to-end ({count} pairs)", backend, temperature, count, stats.cells, total,

@@ -90,16 +90,33 @@ def _resolve_backend(backend: Backend) -> str:
     return backend.value
 
 
+def _check_stdin_once(queries: str, targets: Optional[str], all_vs_all: bool) -> None:
+    if targets is not None and queries == targets == "-" and not all_vs_all:
+        raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and TARGETS as -")
+
+
 def _pairs(queries: str, targets: Optional[str], all_vs_all: bool):
+    """The pairs as records, one by one (verify samples them)."""
     from swcli import fasta
 
+    _check_stdin_once(queries, targets, all_vs_all)
     if all_vs_all:
         return fasta.all_against_all(queries, targets or queries)
     if targets is None:
         return fasta.pairs_in_one_file(queries)
-    if queries == targets == fasta.STDIN:
-        raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and TARGETS as -")
     return fasta.pairs_in_two_files(queries, targets)
+
+
+def _pair_chunks(queries: str, targets: Optional[str], all_vs_all: bool, size: int):
+    """The pairs in chunks of columns (align scores them)."""
+    from swcli import fasta
+
+    _check_stdin_once(queries, targets, all_vs_all)
+    if all_vs_all:
+        return fasta.chunks_all_against_all(queries, targets or queries, size)
+    if targets is None:
+        return fasta.chunks_in_one_file(queries, size)
+    return fasta.chunks_in_two_files(queries, targets, size)
 
 
 def _settings(matrix: str, unknown_as: Optional[str], gap: float, temperature: float, backend: Backend,
@@ -117,10 +134,14 @@ def _settings(matrix: str, unknown_as: Optional[str], gap: float, temperature: f
     return Settings(substitution, gap, temperature, resolved, **extra)
 
 
+def _progress_shown(quiet: bool) -> bool:
+    return not quiet and sys.stderr.isatty()
+
+
 def _progress_bar(quiet: bool, unit: str, total=None, **options):
     from tqdm import tqdm
 
-    disable = quiet or not sys.stderr.isatty()
+    disable = not _progress_shown(quiet)
     interrupt.set_bar_shown(not disable)
     return tqdm(total=total, unit=unit, file=sys.stderr, disable=disable, dynamic_ncols=True, **options)
 
@@ -193,18 +214,20 @@ def align(
     header: HeaderOpt = True,
     quiet: QuietOpt = False,
     chunk_size: Annotated[int, typer.Option(
-        "--chunk-size", min=1, help="Pairs read, scored and written at a time (bounds memory).")] = 4096,
+        "--chunk-size", min=1, help="Pairs read, scored and written at a time (bounds memory).")] = 16384,
     unknown_as: UnknownOpt = None,
 ):
     """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order)."""
-    from swcli.output import TsvWriter
+    from swcli import _host
+    from swcli.output import TsvWriter, chunk_rows
     from swcli.pipeline import Stats, align_chunks
 
     settings = _settings(matrix, unknown_as, gap, temperature, backend, chunk_size=chunk_size)
-    interrupt.check()  # the imports and the engine build are done: a signal now ends the run here
-    pairs = _pairs(queries, targets, all_vs_all)
+    _host.load()
+    interrupt.check()  # the imports and the builds are done: a signal now ends the run here
+    chunks = _pair_chunks(queries, targets, all_vs_all, chunk_size)
     paths = _progress_inputs(queries, targets, all_vs_all)
-    measure = InputBytes.of(paths) if paths else None
+    measure = InputBytes.of(paths) if paths and _progress_shown(quiet) else None  # it costs a listdir a chunk
     stats = Stats()
     if measure is not None:
         bar = _progress_bar(quiet, "B", measure.total, unit_scale=True, unit_divisor=1024)
@@ -217,8 +240,8 @@ def align(
                 bar.set_postfix_str(f"{s.pairs:,} pairs, {s.cells / max(s.seconds, 1e-9) / 1e9:.2f} GCUPS",
                                     refresh=False)
 
-            for alignments in align_chunks(pairs, settings, stats, on_chunk):
-                writer.write_rows([result.row() for result in alignments])
+            for chunk, scores in align_chunks(chunks, settings, stats, on_chunk):
+                writer.write_bytes(chunk_rows(chunk, scores))
             if measure is not None:
                 bar.update(measure.total - bar.n)  # the files are read to their end
     except BrokenPipeError:

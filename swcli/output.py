@@ -53,14 +53,24 @@ def format_score(value: float) -> str:
     return repr(value)  # unreachable: 9 digits always round-trip a float32
 
 
-def _host() -> str:
+def chunk_rows(chunk, scores) -> bytes:
+    """The TSV rows of a fasta.PairChunk and its scores, formatted in bulk (scores as format_score
+    writes them)."""
+    from swcli import _host
+
+    q, t = chunk.queries, chunk.targets
+    return _host.tsv_rows(q.ids, q.id_offsets, chunk.query_index, t.ids, t.id_offsets, chunk.target_index,
+                          chunk.query_lengths, chunk.target_lengths, scores)
+
+
+def _hostname() -> str:
     name = os.uname().nodename or "host"
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:64]
 
 
 def temporary_name(target_name: str, pid: int | None = None) -> str:
     """The temporary file's name for a target file name: `.NAME.swcli-HOST-PID.part`."""
-    return f".{target_name[:128]}.swcli-{_host()}-{os.getpid() if pid is None else pid}.part"
+    return f".{target_name[:128]}.swcli-{_hostname()}-{os.getpid() if pid is None else pid}.part"
 
 
 def _alive(pid: int) -> bool:
@@ -99,6 +109,19 @@ def _umask() -> int:
     return mask
 
 
+class _TextSink:
+    """Bytes written to a text stream that has no binary layer (decoded as UTF-8)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, data: bytes) -> None:
+        self.stream.write(data.decode())
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 def _error(path, why: str) -> SwcliError:
     return SwcliError(f"{path}: cannot write output ({why})")
 
@@ -115,7 +138,7 @@ class TsvWriter:
         self._given = "" if path is None else str(path)
         self.header = header
         self.mode: str | None = None  # stdout, direct, replace or in-place, once entered
-        self._handle = None  # what the rows are written to
+        self._handle = None  # what the rows are written to, in bytes
         self._temporary: str | None = None
         self._target: str | None = None  # the file that gets the output (a symlink resolved)
         self._target_fd: int | None = None  # in-place: the target, open for writing since the start
@@ -125,7 +148,9 @@ class TsvWriter:
 
     def __enter__(self) -> TsvWriter:
         if self.path is None:
-            self.mode, self._handle = "stdout", sys.stdout
+            sys.stdout.flush()  # anything printed before goes first
+            # The bytes below the text layer, where there is one (a test's capture may have none).
+            self.mode, self._handle = "stdout", getattr(sys.stdout, "buffer", None) or _TextSink(sys.stdout)
             return self
         given = self.path
         if self._given.endswith(("/", os.sep)) and not os.path.isdir(given):
@@ -177,7 +202,7 @@ class TsvWriter:
             fd = os.open(target, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))  # a FIFO waits for a reader
         except OSError as exc:
             raise _error(given, exc.strerror) from None
-        self.mode, self._handle = "direct", os.fdopen(fd, "w", newline="\n")
+        self.mode, self._handle = "direct", os.fdopen(fd, "wb")
 
     def _open_temporary(self, given, folder: str, name: str, mode: int, like=None, quiet=False,
                         fallback=False) -> None:
@@ -211,7 +236,7 @@ class TsvWriter:
                     pass
         os.fchmod(fd, mode)  # after fchown, which may clear set-id bits
         self._temporary = path
-        self._handle = os.fdopen(fd, "w", newline="\n")
+        self._handle = os.fdopen(fd, "wb")
 
     # ----------------------------------------------------------------------------------------- write
 
@@ -221,7 +246,7 @@ class TsvWriter:
     def _start(self) -> None:
         self._started = True
         if self.header:
-            self._handle.write("\t".join(COLUMNS) + "\n")
+            self._handle.write(("\t".join(COLUMNS) + "\n").encode())
 
     def write(self, query: str, target: str, qlen: int, tlen: int, score: float) -> None:
         self.write_rows(((query, target, qlen, tlen, score),), flush=False)
@@ -229,6 +254,10 @@ class TsvWriter:
     def write_rows(self, rows, flush: bool = True) -> None:
         """Write rows of (query, target, qlen, tlen, score); a stream gets them as whole rows."""
         text = "".join(f"{q}\t{t}\t{ql}\t{tl}\t{format_score(s)}\n" for q, t, ql, tl, s in rows)
+        self.write_bytes(text.encode(), flush)
+
+    def write_bytes(self, text: bytes, flush: bool = True) -> None:
+        """Write whole rows already formatted (UTF-8 bytes, each ending in a newline)."""
         if not self._streaming():
             if not self._started:
                 self._start()

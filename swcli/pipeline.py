@@ -1,6 +1,9 @@
 """read -> encode -> batch -> score, chunk by chunk: the loop behind `swcli align` and `swcli bench`.
 
-Output order is input order: each chunk's scores are put back in place before its rows are yielded.
+A chunk is columns (fasta.PairChunk): its sequences' codes go to the device back to back, are padded
+into batches there, and come back as one array of scores per chunk, so the host's work per pair is a
+few array operations. Output order is input order: each chunk's scores are put back in place before
+its rows are yielded.
 """
 
 from __future__ import annotations
@@ -12,15 +15,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from swcli import interrupt
-from swcli.batching import DEFAULT_MAX_CELLS, Batch, chunked, make_batches
-from swcli.fasta import FastaRecord
+from swcli.batching import DEFAULT_MAX_CELLS, Batch, Codes, chunked, make_batches
+from swcli.fasta import FastaRecord, PairChunk, Records
 from swcli.ops import score_checked_codes
 from swcli.scoring import SubstitutionMatrix
 
-DEFAULT_CHUNK_SIZE = 4096
+DEFAULT_CHUNK_SIZE = 16384
 
 
 @dataclass
@@ -73,19 +77,40 @@ class Alignment:
         return self.query.id, self.target.id, len(self.query.sequence), len(self.target.sequence), self.score
 
 
-def encode_chunk(chunk: list[tuple[FastaRecord, FastaRecord]], settings: Settings) -> list[Batch]:
+class _CodesOnDevice:
+    """The codes of the last few Records blocks, on the compute device: a block that several chunks
+    share (one file's records, the targets of --all-vs-all) is encoded and sent once."""
+
+    def __init__(self, settings: Settings, keep: int = 2):
+        self.settings, self.keep = settings, keep
+        self._entries: list[tuple[Records, Codes]] = []  # the Records held, so their ids stay theirs
+
+    def __call__(self, records: Records) -> Codes:
+        for held, codes in self._entries:
+            if held is records:
+                return codes
+        codes = Codes.of(self.settings.matrix.encode_records(records), records.offsets, self.settings.device)
+        self._entries = [*self._entries[-(self.keep - 1):], (records, codes)]
+        return codes
+
+
+def encode_chunk(chunk: PairChunk | list[tuple[FastaRecord, FastaRecord]], settings: Settings,
+                 codes: _CodesOnDevice | None = None) -> list[Batch]:
     """Codes of a chunk's pairs, in length-sorted padded batches on the compute device."""
-    encode = settings.matrix.encode
-    query_codes = [encode(q.sequence, q.where) for q, _ in chunk]
-    target_codes = [encode(t.sequence, t.where) for _, t in chunk]
-    return make_batches(query_codes, target_codes, settings.batch_cells, settings.device)
+    if not isinstance(chunk, PairChunk):
+        chunk = PairChunk.of(chunk)
+    codes = codes or _CodesOnDevice(settings)
+    return make_batches(codes(chunk.queries), chunk.query_index, codes(chunk.targets), chunk.target_index,
+                        settings.batch_cells, settings.device)
 
 
 def score_batches(batches: list[Batch], count: int, settings: Settings, matrix: torch.Tensor,
-                  stats: Stats, on_batch=None) -> list[float]:
-    """Scores of a chunk's batches, put back in the chunk's order; on_batch(batch) after each."""
-    scores = [0.0] * count
+                  stats: Stats, on_batch=None) -> np.ndarray:
+    """Scores of a chunk's batches, put back in the chunk's order (on the device, then one copy to the
+    host); on_batch(batch) after each."""
     on_gpu = settings.backend == "cuda"
+    scores = torch.zeros(count, dtype=matrix.dtype, device=settings.device)
+    marks = []
     for batch in batches:
         if on_gpu:  # GPU time from CUDA events: the host clock would also count launch and copy waits
             started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -98,33 +123,38 @@ def score_batches(batches: list[Batch], count: int, settings: Settings, matrix: 
         )
         if on_gpu:
             finished.record()
-        values = values.tolist()  # waits for the device
-        stats.kernel_seconds += (started.elapsed_time(finished) / 1e3 if on_gpu
-                                 else time.perf_counter() - started)
+            marks.append((started, finished))
+        else:
+            stats.kernel_seconds += time.perf_counter() - started
+        scores[batch.positions_on_device] = values.to(scores.dtype)
         stats.cells += batch.cells
-        for position, value in zip(batch.positions, values):
-            scores[position] = value
         if on_batch is not None:
             on_batch(batch)
-    return scores
+    host = scores.cpu().numpy()  # waits for the device
+    stats.kernel_seconds += sum(start.elapsed_time(end) for start, end in marks) / 1e3
+    return host
 
 
-def score_chunk(chunk: list[tuple[FastaRecord, FastaRecord]], settings: Settings, matrix: torch.Tensor,
-                stats: Stats) -> list[float]:
+def score_chunk(chunk: PairChunk | list[tuple[FastaRecord, FastaRecord]], settings: Settings,
+                matrix: torch.Tensor, stats: Stats) -> np.ndarray:
     """Scores of one chunk of pairs, in the chunk's order, in this thread."""
-    return score_batches(encode_chunk(chunk, settings), len(chunk), settings, matrix, stats)
+    batches = encode_chunk(chunk, settings)
+    return score_batches(batches, len(chunk), settings, matrix, stats)
 
 
 def align(pairs: Iterable[tuple[FastaRecord, FastaRecord]], settings: Settings, stats: Stats | None = None,
           on_chunk=None) -> Iterator[Alignment]:
-    """Alignments of the pairs, in input order, scored chunk by chunk; on_chunk(stats) after each."""
-    for alignments in align_chunks(pairs, settings, stats, on_chunk):
-        yield from alignments
+    """Alignments of record pairs, in input order, scored chunk by chunk; on_chunk(stats) after each."""
+    chunks = (PairChunk.of(chunk) for chunk in chunked(pairs, settings.chunk_size))
+    for chunk, scores in align_chunks(chunks, settings, stats, on_chunk):
+        for k, score in enumerate(scores.tolist()):
+            yield Alignment(*chunk.pair(k), score)
 
 
-def align_chunks(pairs: Iterable[tuple[FastaRecord, FastaRecord]], settings: Settings,
-                 stats: Stats | None = None, on_chunk=None) -> Iterator[list[Alignment]]:
-    """The alignments of each chunk of pairs, in input order; on_chunk(stats) after each chunk.
+def align_chunks(chunks: Iterable[PairChunk], settings: Settings, stats: Stats | None = None,
+                 on_chunk=None) -> Iterator[tuple[PairChunk, np.ndarray]]:
+    """Each chunk of pairs with its scores (in the chunk's order), in input order; on_chunk(stats)
+    after each chunk.
 
     The scores of chunk k are computed in a worker thread (the engines release the GIL) while this
     thread reads and encodes chunk k+1 and the caller writes the rows of chunk k-1: one chunk is
@@ -136,12 +166,13 @@ def align_chunks(pairs: Iterable[tuple[FastaRecord, FastaRecord]], settings: Set
     """
     stats = stats if stats is not None else Stats()
     matrix = settings.matrix.tensor(device=settings.device)
+    codes = _CodesOnDevice(settings)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-score")
     finished = False
     try:
         previous = None
-        for chunk in chunked(pairs, settings.chunk_size):
-            batches = encode_chunk(chunk, settings)
+        for chunk in chunks:
+            batches = encode_chunk(chunk, settings, codes)
             scoring = pool.submit(counted_call, score_batches, batches, len(chunk), settings, matrix, stats)
             if previous is not None:
                 yield _finish(*previous, stats, on_chunk)
@@ -186,9 +217,9 @@ def wait_for(scoring: Future):
             interrupt.check()
 
 
-def _finish(chunk, scoring: Future, stats: Stats, on_chunk) -> list[Alignment]:
+def _finish(chunk: PairChunk, scoring: Future, stats: Stats, on_chunk) -> tuple[PairChunk, np.ndarray]:
     scores = wait_for(scoring)
     stats.pairs += len(chunk)
     if on_chunk is not None:
         on_chunk(stats)
-    return [Alignment(query, target, score) for (query, target), score in zip(chunk, scores)]
+    return chunk, scores

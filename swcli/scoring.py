@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from swcli.errors import AlphabetError, MatrixError
 
 INVALID = 255
@@ -84,6 +86,18 @@ class SubstitutionMatrix:
             self._invalid(sequence, bad, where)
         return codes
 
+    def encode_records(self, records) -> np.ndarray:
+        """Codes of every letter of a fasta.Records block, back to back (its offsets apply): one table
+        lookup per letter, in C; the first letter the matrix lacks is an error naming its record and
+        position."""
+        from swcli import _host
+
+        codes, bad = _host.encode(records.residues, self.table, INVALID)
+        if bad >= 0:
+            k = int(np.searchsorted(records.offsets, bad, side="right")) - 1
+            self._invalid(records.sequence(k), bad - int(records.offsets[k]), lambda: records.where(k))
+        return codes
+
     def _invalid(self, sequence: str, position: int, where: Callable[[], str]):
         wildcard = next((w for w in "XN*" if w in self.alphabet), None)  # the matrix's any-residue letter
         hint = ("" if self.unknown_as or wildcard is None
@@ -100,7 +114,8 @@ class SubstitutionMatrix:
                 f"--unknown-as {letter!r} must be one letter of the {self.name} alphabet {self.alphabet}"
             )
         code = self.table[ord(letter)]
-        table = bytes(code if c == INVALID else c for c in self.table)
+        # Bytes past ASCII stay invalid: they stand for a non-ASCII character (fasta.NOT_ASCII), an error.
+        table = bytes(code if c == INVALID and byte < 128 else c for byte, c in enumerate(self.table))
         return SubstitutionMatrix(self.name, self.alphabet, self.scores, table, letter)
 
 

@@ -67,7 +67,8 @@ ROWS = [
         "e.fa: record 2 (b): empty sequence"),
     Row("header without an id", {"h.fa": b">a\nMK\n>\nMK\n"}, ["align", "h.fa"], 1,
         "h.fa: record 2: header has no identifier"),
-    Row("binary file", {"bin.fa": b">a\n\xff\xfe\x00\x81\n"}, ["align", "bin.fa"], 1, "bin.fa: not a text file"),
+    Row("binary file", {"bin.fa": b">a\n\xff\xfe\x00\x81\n"}, ["align", "bin.fa"], 1,
+        "bin.fa: record 1: not a text file (byte 4 is not UTF-8)"),
     Row("truncated gzip", {"cut.fa": gzip.compress(b">a\n" + b"ACDEFGHIKL" * 1000)[:60]}, ["align", "cut.fa"], 1,
         "cut.fa: corrupt or truncated gzip data"),
     # headers (item D)

@@ -346,7 +346,7 @@ def test_a_broken_library_whose_rebuild_fails_is_a_clear_error(fake_build, monke
         _build.build("cpu", "cpu", ["-O3"], [])
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith(f"the cached cpu engine in {engine.library.parent} was unreadable (file too short")
+    assert message.startswith(f"the cpu engine cached in {engine.library.parent} was unreadable (file too short")
     assert "and rebuilding it failed: /src/ops.cpp:12:3: error: expected ';'" in message
 
 

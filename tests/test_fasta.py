@@ -153,3 +153,106 @@ def test_a_tab_in_a_header_ends_the_id(tmp_path):
     # holds one, so it cannot shift the columns.
     path = write(tmp_path / "tab.fa", ">a\tdesc\nMK\n>b\tc d\nVW\n")
     assert [r.id for r in read_fasta(path)] == ["a", "b"]
+
+
+# ------------------------------------------------------------------------ the bulk reader, by Biopython
+
+def biopython_records(text: bytes):
+    """(id, sequence) by SimpleFastaParser over the text in text mode, as the reader promises."""
+    import io
+
+    from Bio.SeqIO.FastaIO import SimpleFastaParser
+
+    handle = io.TextIOWrapper(io.BytesIO(text), encoding="utf-8-sig", newline=None)
+    return [(title.split(None, 1)[0], sequence) for title, sequence in SimpleFastaParser(handle)]
+
+
+def messy_fasta(rng, count: int) -> bytes:
+    """Records with every layout the reader must treat as Biopython does: wrapped lines of any width,
+    CRLF and lone CR line ends, blanks and tabs at line ends, spaces inside a sequence, blank lines,
+    descriptions after a space or a tab, leading blanks in a header, non-ASCII headers and letters."""
+    letters = "ACDEFGHIKLMNPQRSTVWYacdxX*"
+    parts = []
+    for k in range(count):
+        sequence = "".join(rng.choice(letters) for _ in range(rng.randint(1, 200)))
+        if rng.random() < 0.05:
+            sequence = sequence[:3] + "é" + sequence[3:]
+        header = rng.choice([f"r{k}", f"r{k} a description", f"r{k}\tdesc", f"  r{k} lead", f"r{k}é ü",
+                             f"sp|P{k}|X_HUMAN Protein"])
+        end = rng.choice(["\n", "\n", "\r\n", "\r"])
+        width = rng.choice([60, 7, 1000])
+        lines = [sequence[i:i + width] + rng.choice(["", "", " ", "\t", " \t"]) for i in range(0, len(sequence), width)]
+        lines = [line[:2] + " " + line[2:] if rng.random() < 0.1 else line for line in lines]
+        parts.append(">" + header + end + end.join(lines) + end + ("\n" if rng.random() < 0.1 else ""))
+    return ("\n \n" + "".join(parts)).encode()
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("block_bytes", [16, 257, 1 << 22])
+def test_bulk_reader_equals_simple_fasta_parser(tmp_path, seed, block_bytes):
+    import random
+
+    from swcli.fasta import read_blocks
+
+    text = messy_fasta(random.Random(seed), 300)
+    path = tmp_path / "messy.fa"
+    path.write_bytes(text)
+    got = [(b.id(k), b.sequence(k)) for b in read_blocks(str(path), block_bytes) for k in range(len(b))]
+    assert got == biopython_records(text)
+    numbers = [b.first + k for b in read_blocks(str(path), block_bytes) for k in range(len(b))]
+    assert numbers == list(range(1, 301))
+
+
+def test_a_record_longer_than_a_read_and_crlf_split_across_reads(tmp_path):
+    from swcli.fasta import read_blocks
+
+    text = b">long\r\n" + b"ACDEFGHIKL\r\n" * 5000 + b">b\r\nMK\r\n"
+    path = tmp_path / "long.fa"
+    path.write_bytes(text)
+    for block_bytes in (11, 12, 13, 4096):
+        blocks = list(read_blocks(str(path), block_bytes))
+        assert [(b.id(k), b.sequence(k)) for b in blocks for k in range(len(b))] == biopython_records(text)
+
+
+def test_blocks_are_checked_before_they_are_yielded_and_read_lazily(tmp_path):
+    from swcli.fasta import read_blocks
+
+    path = write(tmp_path / "a.fa", "".join(f">r{k}\nMKVL\n" for k in range(200)) + ">bad\n\n")
+    blocks = read_blocks(path, block_bytes=64)
+    assert next(blocks).id(0) == "r0"  # the empty last record fails only when its block is reached
+    with pytest.raises(FastaError, match=r"record 201 \(bad\): empty sequence"):
+        list(blocks)
+
+
+def test_non_ascii_letters_keep_their_position_and_are_refused_when_encoded(tmp_path):
+    from swcli.errors import AlphabetError
+    from swcli.fasta import Records, read_blocks
+    from swcli.scoring import load_matrix
+
+    path = tmp_path / "u.fa"
+    path.write_bytes(">a\nMK\n>b\nMKéV\n".encode())
+    block = Records.concatenate(list(read_blocks(str(path))))
+    assert block.sequence(1) == "MKéV" and block.lengths.tolist() == [2, 4]
+    for matrix in (load_matrix("BLOSUM62"), load_matrix("BLOSUM62").with_unknown_as("X")):
+        with pytest.raises(AlphabetError, match=rf"{path}: record 2 \(b\): invalid letter 'é' at position 3"):
+            matrix.encode_records(block)
+
+
+def test_pair_chunks_cut_anywhere_keep_the_pairs(tmp_path):
+    from swcli.fasta import chunks_all_against_all, chunks_in_one_file, chunks_in_two_files
+
+    q = write(tmp_path / "q.fa", "".join(f">q{k}\nMK{'V' * k}\n" for k in range(9)))
+    t = write(tmp_path / "t.fa", "".join(f">t{k}\nWY{'L' * k}\n" for k in range(9)))
+
+    def ids(chunks):
+        return [(c.queries.id(int(i)), c.targets.id(int(j))) for c in chunks
+                for i, j in zip(c.query_index, c.target_index)]
+
+    for size in (1, 2, 4, 100):
+        assert ids(chunks_in_two_files(q, t, size)) == [(f"q{k}", f"t{k}") for k in range(9)]
+        assert ids(chunks_all_against_all(q, t, size)) == [(f"q{a}", f"t{b}") for a in range(9) for b in range(9)]
+        pairs = ids(chunks_in_one_file(write(tmp_path / "e.fa", "".join(f">r{k}\nMK\n" for k in range(8))), size))
+        assert pairs == [(f"r{2 * k}", f"r{2 * k + 1}") for k in range(4)]
+        lengths = [(int(a), int(b)) for c in chunks_in_two_files(q, t, size)
+                   for a, b in zip(c.query_lengths, c.target_lengths)]
+        assert lengths == [(2 + k, 2 + k) for k in range(9)]

@@ -28,6 +28,33 @@ def test_format_round_trips_float32():
     assert format_score(float("nan")) == "nan" and format_score(float("inf")) == "inf"
 
 
+def test_bulk_rows_write_scores_as_format_score_does():
+    # Random float32 bit patterns cover every exponent, subnormals (where %.6g and the shortest form
+    # differ) and the non-finite values; the row layout around them is the writer's.
+    import numpy as np
+
+    from swcli.fasta import PairChunk, Records
+    from swcli.output import chunk_rows
+
+    rng = np.random.default_rng(11)
+    scores = np.concatenate([
+        rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        (rng.standard_normal(20_000) * 10.0 ** rng.integers(-6, 9, 20_000)).astype(np.float32),
+        np.arange(-300, 3000, dtype=np.float32),
+        np.array([0.0, -0.0, 1e-5, 1e-4, 1e5, 1e6, 123456, 1234567, 3.4e38, 1e-45, np.nan, np.inf, -np.inf],
+                 dtype=np.float32),
+    ])
+    ids = Records("x", 1, np.frombuffer("qé\u00fcta".encode(), np.uint8), np.array([0, 1, 3, 5, 6]),
+                  np.zeros(0, np.uint8), np.array([0, 3, 7, 7000, 1]))
+    n = len(scores)
+    chunk = PairChunk(ids, rng.integers(0, 2, n), ids, rng.integers(2, 4, n))
+    lines = chunk_rows(chunk, scores).decode().splitlines()
+    assert len(lines) == n
+    for line, q, t, score in zip(lines, chunk.query_index, chunk.target_index, scores.tolist()):
+        lengths = {0: 3, 1: 4, 2: 6993, 3: -6999}
+        assert line == f"{ids.id(q)}\t{ids.id(t)}\t{lengths[q]}\t{lengths[t]}\t{format_score(score)}"
+
+
 def test_tsv_to_file(tmp_path):
     path = tmp_path / "out.tsv"
     with TsvWriter(str(path)) as writer:

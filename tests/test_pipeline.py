@@ -2,10 +2,11 @@
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
-from swcli.fasta import FastaRecord
+from swcli.fasta import FastaRecord, PairChunk
 from swcli.pipeline import Settings, Stats, align, align_chunks
 from swcli.scoring import load_matrix
 from swcli.testing import random_protein_pairs, score_matrices
@@ -43,11 +44,14 @@ def test_chunking_and_batching_do_not_change_scores():
     assert one == many
 
 
-def test_align_chunks_yields_each_chunk_in_order():
+def test_align_chunks_yields_each_chunk_in_order_with_its_scores():
     pairs = records(random_protein_pairs(23, 10, 1, 30))
-    chunks = list(align_chunks(pairs, Settings(load_matrix("BLOSUM62"), chunk_size=4, backend="cpu")))
-    assert [len(c) for c in chunks] == [4, 4, 2]
-    assert [r.query.id for c in chunks for r in c] == [f"q{k}" for k in range(10)]
+    settings = Settings(load_matrix("BLOSUM62"), temperature=0.5, backend="cpu")
+    chunks = [PairChunk.of(pairs[k:k + 4]) for k in range(0, 10, 4)]
+    results = list(align_chunks(chunks, settings))
+    assert [chunk for chunk, _ in results] == chunks and [len(s) for _, s in results] == [4, 4, 2]
+    expected = [r.score for r in align(pairs, settings)]
+    assert np.concatenate([s for _, s in results]).tolist() == expected
 
 
 def slow_scoring(monkeypatch, seconds, release=None):
