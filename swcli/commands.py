@@ -302,23 +302,16 @@ def search(
 ):
     """Search every query against every database sequence; write the best --top hits of each query as TSV:
     query, target, qlen, tlen, score (queries in input order, hits by descending score)."""
-    from swcli.fasta import read_fasta
-    from swcli.output import TsvWriter
-    from swcli.search import open_database, search_rows
+    from swcli import _host
+    from swcli.search import check_inputs, run_search
 
-    if queries == database == "-":
-        raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and DATABASE as -")
+    check_inputs(queries, database)
     settings = _settings(matrix, unknown_as, gap, temperature, backend)
-    interrupt.check()
-    records = list(read_fasta(queries))  # the queries are few: all checked before any output
-    codes = [settings.matrix.encode(record.sequence, record.where) for record in records]
-    db = open_database(database, settings.matrix)
-    interrupt.check()
+    _host.load()
+    interrupt.check()  # the imports and the builds are done: a signal now ends the run here
     try:
-        with _progress_bar(quiet, "query", len(records)) as bar, TsvWriter(output, header) as writer:
-            for rows in search_rows(records, codes, db, settings, top, max_memory):
-                writer.write_rows(rows)
-                bar.update(1)
+        run_search(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
+                   progress=lambda total: _progress_bar(quiet, "query", total))
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(141) from None
@@ -335,13 +328,15 @@ def makedb(
 ):
     """Prepare a database for swcli search: encoded once, ordered by length, memory-mapped on later runs."""
     from swcli import database
-    from swcli.fasta import display_name, read_fasta
+    from swcli import _host
+    from swcli.fasta import display_name, read_blocks
     from swcli.scoring import load_matrix
 
     substitution = load_matrix(matrix)
     if unknown_as is not None:
         substitution = substitution.with_unknown_as(unknown_as)
-    db = database.build(read_fasta(fasta_path), substitution, display_name(fasta_path))
+    _host.load()
+    db = database.build_from_blocks(read_blocks(fasta_path), substitution, display_name(fasta_path))
     interrupt.check()
     database.save(db, folder)
     typer.echo(f"{folder}: {len(db):,} sequences, {db.residues:,} residues", err=True)

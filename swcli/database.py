@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from swcli.errors import DatabaseError
-from swcli.fasta import FastaRecord
+from swcli.fasta import FastaRecord, Records, gather_ranges
 from swcli.scoring import SubstitutionMatrix
 
 FORMAT = "swcli-database-1"
@@ -52,6 +52,12 @@ class Database:
     def residues(self) -> int:
         return int(self.offsets[-1])
 
+    @property
+    def nbytes(self) -> int:
+        """Host bytes of its arrays and ids, about the prepared folder's size (an id a line, ASCII)."""
+        ids = sum(map(len, self.ids)) + len(self.ids)
+        return int(self.codes.nbytes + self.offsets.nbytes + self.index.nbytes) + ids
+
     def padded(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Sequences start..stop-1 of the length order as (n, longest) uint8 codes padded with 0, and
         their (n,) lengths: one strided copy, no loop over sequences."""
@@ -74,18 +80,23 @@ class Database:
 
 
 def build(records: Iterable[FastaRecord], matrix: SubstitutionMatrix, source: str) -> Database:
-    """Encode every record once (letters checked as in align) and order the sequences longest first."""
-    ids: list[str] = []
-    encoded: list[bytes] = []
-    for record in records:
-        ids.append(record.id)
-        encoded.append(matrix.encode(record.sequence, record.where))
-    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    """build_from_blocks for records given one by one (tests, a few sequences)."""
+    return build_from_blocks([Records.from_records(list(records))], matrix, source)
+
+
+def build_from_blocks(blocks: Iterable[Records], matrix: SubstitutionMatrix, source: str) -> Database:
+    """Encode every sequence once (letters checked as in align) and order them longest first: array
+    operations over the blocks of fasta.read_blocks, no Python object per sequence but its id."""
+    records = Records.concatenate(list(blocks) or [Records.from_records([])])
+    codes = matrix.encode_records(records)
+    lengths = records.lengths
     index = np.argsort(-lengths, kind="stable")  # longest first, database order among equal lengths
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    offsets = np.zeros(len(records) + 1, dtype=np.int64)
     np.cumsum(lengths[index], out=offsets[1:])
-    codes = np.frombuffer(b"".join(encoded[k] for k in index), dtype=np.uint8)
-    return Database(codes, offsets, index.astype(np.int64), ids, matrix.alphabet, source)
+    ordered = gather_ranges(codes, records.offsets[:-1][index], lengths[index])
+    id_bytes, bounds = records.ids.tobytes(), records.id_offsets.tolist()
+    ids = [id_bytes[a:b].decode() for a, b in zip(bounds, bounds[1:])]
+    return Database(ordered, offsets, index.astype(np.int64), ids, matrix.alphabet, source)
 
 
 def save(database: Database, folder: str | Path) -> None:

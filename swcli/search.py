@@ -1,40 +1,124 @@
 """Queries x database: every query against every database sequence, the best k of each kept on the device.
 
 The database's sequences are cut, in their length order, into blocks of at most `max_cells` padded
-cells per query residue, padded once and kept on the device while they fit `max_bytes` (else padded
-again for each query: the same result, streamed). Each query is scored against each block through the
-codes operator, and its best k so far are merged with the block's on the device, so no (queries x
-database) score matrix ever exists. Ties are broken by database order, as a stable sort by database
-order and then by score gives them.
+cells per query residue. The blocks are padded on the device from the sequences' flat codes (the host
+copies residues, never padding), once while they fit `max_bytes`, else again for each query (the same
+result, streamed). Each query is scored against each block through the codes operator, and only the
+best k of each block leave it, so no (queries x database) score matrix ever exists.
+
+Ties are broken by database order. Each score is packed with its sequence's database order into one
+int64 key that orders by score, then by earlier sequence (`score_keys`), so torch.topk on keys picks
+exactly the hits that a stable sort by database order and then by score would, without sorting a block.
+
+On CUDA the host never waits for the device inside a query: query i + 1's blocks are queued before the
+results of query i are read (`Searcher.step`), so the device goes from one query to the next.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from itertools import chain
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from swcli import interrupt
 from swcli.database import Database
+from swcli.errors import SwcliError
 from swcli.ops import score_checked_codes
 
 DEFAULT_MAX_CELLS = 1 << 24  # padded target cells per block, per query residue: 16 MiB of codes
 DEFAULT_MAX_BYTES = 1 << 32  # padded blocks kept on the device beyond this are padded again per query
+LOW = (1 << 32) - 1  # a key's low 32 bits: LOW - database order, so the earlier sequence has the larger key
 
 
 @dataclass(frozen=True)
 class Block:
-    start: int  # the block's first sequence in the database's length order
     codes: torch.Tensor  # (n, width) uint8, padded with 0
     lengths: torch.Tensor  # (n,) int64
-    order: torch.Tensor  # (n,) int64 database order of each row
+    tiebreak: torch.Tensor  # (n,) int64: LOW - database order of each row, the low half of its key
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.lengths, self.tiebreak))
 
 
 @dataclass(frozen=True)
 class Hits:
     scores: torch.Tensor  # (k,) float32, descending
     targets: torch.Tensor  # (k,) int64 database order
+
+
+@dataclass
+class SearchStats:
+    """What a search did, for the progress bar and benchmarks. cells: qlen x tlen summed over every
+    (query, database sequence) pair, the work whatever the padding. kernel_seconds: the scoring calls
+    alone (on CUDA the sum of CUDA-event intervals around them, read once per query; on the CPU the
+    host clock around them). seconds: the whole run, queries read to output written."""
+
+    queries: int = 0  # done so far
+    total: int = 0  # queries read
+    cells: int = 0
+    kernel_seconds: float = 0.0
+    seconds: float = 0.0
+    sequences: int = 0
+    residues: int = 0
+    host_bytes: int = 0  # the database's arrays and ids on the host (memory-mapped for a prepared folder)
+    device_bytes: int = 0  # the padded blocks kept on the device (0 when streamed)
+    resident: bool = False
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    @property
+    def kernel_gcups(self) -> float:
+        return self.cells / max(self.kernel_seconds, 1e-12) / 1e9
+
+    @property
+    def gcups(self) -> float:
+        """End to end: cells over the whole run (over the time so far while it runs)."""
+        return self.cells / max(self.seconds or self.elapsed, 1e-12) / 1e9
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys: a score and a database order in one int64
+
+
+def score_keys(scores: torch.Tensor, tiebreak: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered as (score, then earlier database order): the float32 score's bits made to
+    order as signed integers, above tiebreak (LOW - database order)."""
+    bits = (scores.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0, which it equals
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # a negative float's magnitude bits, reversed
+    return torch.add(tiebreak, ordered, alpha=1 << 32)  # one kernel, in int64
+
+
+def hits_of(keys: torch.Tensor) -> Hits:
+    """The scores and database orders packed in keys (score_keys' inverse)."""
+    ordered = (keys >> 32).to(torch.int32)
+    bits = ordered ^ ((ordered >> 31) & 0x7FFFFFFF)
+    return Hits(bits.view(torch.float32), LOW - (keys & LOW))
+
+
+def top_keys(keys: torch.Tensor, top: int) -> torch.Tensor:
+    """The `top` largest keys, descending: keys are distinct, so the choice among equal scores is exact."""
+    return torch.topk(keys, min(top, keys.numel())).values
+
+
+def merge_top(best: Hits | None, scores: torch.Tensor, targets: torch.Tensor, top: int) -> Hits:
+    """The best `top` of the hits so far and new ones: by descending score, ties by database order."""
+    keys = score_keys(scores, LOW - targets)
+    if best is not None:
+        keys = torch.cat([score_keys(best.scores, LOW - best.targets), keys])
+    return hits_of(top_keys(keys, top))
+
+
+# --------------------------------------------------------------------------------------------------
+# Blocks
 
 
 def block_bounds(database: Database, max_cells: int) -> list[tuple[int, int]]:
@@ -51,21 +135,50 @@ def block_bounds(database: Database, max_cells: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def make_block(database: Database, start: int, stop: int, device) -> Block:
-    codes, lengths = database.padded(start, stop)
-    return Block(start, torch.from_numpy(codes).to(device), torch.from_numpy(lengths).to(device),
-                 torch.from_numpy(np.array(database.index[start:stop])).to(device))
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing a host array that may be read-only (a memory map, bytes): only ever read or
+    copied, so from_numpy's warning about writes does not apply."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
 
 
-def merge_top(best: Hits | None, scores: torch.Tensor, targets: torch.Tensor, top: int) -> Hits:
-    """The best `top` of the hits so far and new ones: by descending score, ties by database order."""
-    if best is not None:
-        scores = torch.cat([best.scores, scores])
-        targets = torch.cat([best.targets, targets])
-    by_target = torch.argsort(targets, stable=True)
-    scores, targets = scores[by_target], targets[by_target]
-    by_score = torch.sort(scores, descending=True, stable=True).indices[:top]
-    return Hits(scores[by_score], targets[by_score])
+def _to(tensor: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device`. To CUDA through pinned memory, without waiting: a plain copy from
+    pageable memory synchronises the stream, which would drain the queued work of the query before."""
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def make_block(database: Database, start: int, stop: int, device, flat: torch.Tensor | None = None,
+               lengths: np.ndarray | None = None) -> Block:
+    """Sequences start..stop-1 of the length order, padded on `device` from their flat codes: `flat`,
+    the whole database's codes already there, or else this block's residues, copied now."""
+    lengths = (database.lengths if lengths is None else lengths)[start:stop]
+    begin, end = int(database.offsets[start]), int(database.offsets[stop])
+    residues = flat[begin:end] if flat is not None else _to(_tensor(np.asarray(database.codes[begin:end])), device)
+    block_lengths = _to(torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), device)
+    tiebreak = _to(torch.from_numpy(LOW - np.asarray(database.index[start:stop], dtype=np.int64)), device)
+    width = int(lengths[0]) if len(lengths) else 0  # longest first
+    inside = torch.arange(width, device=residues.device) < block_lengths[:, None]
+    # row-major, the cells inside the lengths are the block's residues in order: one masked scatter
+    codes = torch.zeros((stop - start, width), dtype=torch.uint8, device=residues.device)
+    return Block(codes.masked_scatter_(inside, residues), block_lengths, tiebreak)
+
+
+# --------------------------------------------------------------------------------------------------
+# The search
+
+
+@dataclass
+class Pending:
+    """A query whose work is queued: its best keys (on the device), and the timing of its scoring calls
+    (CUDA: event pairs, read once the keys are back; CPU: seconds)."""
+
+    keys: torch.Tensor | None  # None: an empty database
+    events: list = field(default_factory=list)
+    seconds: float = 0.0
 
 
 class Searcher:
@@ -75,78 +188,169 @@ class Searcher:
                  backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES):
         if top < 1:
             raise ValueError(f"top must be at least 1, got {top}")
+        if len(database) > LOW + 1:
+            raise ValueError(f"{database.source}: {len(database):,} sequences; a search takes at most 2^32")
         self.database, self.gap, self.temperature, self.top = database, gap, temperature, top
-        self.backend, self.device = backend, device
-        self.matrix = matrix.to(device)
+        self.backend, self.device = backend, torch.device(device or "cpu")
+        self.on_gpu = self.device.type == "cuda"
+        self.matrix = matrix.to(self.device)
+        self.lengths = database.lengths
         self.bounds = block_bounds(database, max_cells)
-        padded = sum((stop - start) * int(database.lengths[start]) for start, stop in self.bounds)
-        self.resident = ([make_block(database, start, stop, device) for start, stop in self.bounds]
-                         if padded <= max_bytes else None)
+        padded = sum((stop - start) * int(self.lengths[start]) for start, stop in self.bounds)
+        self.resident = None
+        if padded <= max_bytes:
+            flat = _tensor(np.asarray(database.codes)).to(self.device)  # the residues, once: a plain copy
+            self.resident = [make_block(database, start, stop, self.device, flat, self.lengths)
+                             for start, stop in self.bounds]
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of the padded blocks kept on the device (0 when they are padded again per query)."""
+        return sum(block.nbytes for block in self.resident) if self.resident is not None else 0
 
     def blocks(self) -> Iterator[Block]:
         if self.resident is not None:
             return iter(self.resident)
-        return (make_block(self.database, start, stop, self.device) for start, stop in self.bounds)
+        return (make_block(self.database, start, stop, self.device, lengths=self.lengths)
+                for start, stop in self.bounds)
+
+    def launch(self, codes: bytes) -> Pending:
+        """Queue one query (its codes) against every block and the choice of its best keys. On CUDA it
+        returns once the work is queued; on the CPU once it is done."""
+        query = torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else torch.zeros(0, dtype=torch.uint8)
+        query = _to(query, self.device)
+        pending, candidates = Pending(None), []
+        for block in self.blocks():
+            rows = block.codes.shape[0]
+            if self.on_gpu:
+                started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                started.record()
+            else:
+                began = time.perf_counter()
+            scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
+                                         self.temperature, None, block.lengths, self.backend)
+            if self.on_gpu:
+                finished.record()
+                pending.events.append((started, finished))
+            else:
+                pending.seconds += time.perf_counter() - began
+            keys = score_keys(scores, block.tiebreak)
+            candidates.append(top_keys(keys, self.top) if rows > self.top else keys)
+        if candidates:
+            pending.keys = top_keys(torch.cat(candidates), self.top)
+        return pending
+
+    def finish(self, pending: Pending) -> tuple[Hits, float]:
+        """A launched query's hits on the host, and the seconds of its scoring calls: the one wait for
+        the device per query."""
+        if pending.keys is None:  # an empty database
+            return Hits(torch.zeros(0), torch.zeros(0, dtype=torch.int64)), pending.seconds
+        keys = pending.keys.cpu()  # waits for the query's work
+        seconds = pending.seconds + sum(start.elapsed_time(end) for start, end in pending.events) / 1e3
+        return hits_of(keys), seconds
+
+    def step(self, codes: bytes | None, pending: Pending | None) -> tuple[Pending | None, tuple[Hits, float] | None]:
+        """Launch the next query (codes, or None at the end), then finish the one before (pending):
+        the device has the next query's work while the host waits for, and writes, the last one's."""
+        queued = self.launch(codes) if codes is not None else None
+        return queued, (self.finish(pending) if pending is not None else None)
 
     def best(self, codes: bytes) -> Hits:
         """The best `top` hits of one query (its codes), on the host."""
-        query = torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else torch.zeros(0, dtype=torch.uint8)
-        query = query.to(self.device)
-        best = None
-        for block in self.blocks():
-            rows = block.codes.shape[0]
-            scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
-                                         self.temperature, None, block.lengths, self.backend)
-            best = merge_top(best, scores, block.order, self.top)
-        if best is None:  # an empty database
-            return Hits(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
-        return Hits(best.scores.cpu(), best.targets.cpu())
+        return self.finish(self.launch(codes))[0]
 
 
-def search(query_codes: Iterator[bytes], database: Database, matrix: torch.Tensor, gap: float, temperature: float,
+def search(query_codes: Iterable[bytes], database: Database, matrix: torch.Tensor, gap: float, temperature: float,
            top: int, backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS,
            max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[Hits]:
     """The best `top` hits of each query (codes into `matrix`, on `device`), in query order."""
     searcher = Searcher(database, matrix, gap, temperature, top, backend, device, max_cells, max_bytes)
-    for codes in query_codes:
-        yield searcher.best(codes)
+    pending = None
+    for codes in chain(query_codes, [None]):  # None: finish the last query
+        pending, done = searcher.step(codes, pending)
+        if done is not None:
+            yield done[0]
 
 
 def open_database(path: str, matrix) -> Database:
     """A database from a folder prepared by makedb (memory-mapped) or from a FASTA file (encoded now)."""
     from swcli import database
-    from swcli.fasta import display_name, read_fasta
+    from swcli.fasta import display_name, read_blocks
 
     if database.is_prepared(path):
         db = database.load(path)
         db.check_alphabet(matrix)
         return db
-    return database.build(read_fasta(path), matrix, display_name(path))
+    return database.build_from_blocks(read_blocks(path), matrix, display_name(path))
 
 
 def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: int,
-                max_bytes: int = DEFAULT_MAX_BYTES):
+                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None):
     """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order.
 
     queries: FASTA records, and query_codes their codes (the caller encodes them, checking every letter,
-    before any output); settings: the pipeline's Settings (matrix, gap, temperature, backend). Each
-    query is scored in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
-    honoured while an engine call runs."""
+    before any output); settings: the pipeline's Settings (matrix, gap, temperature, backend). The
+    scoring runs in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
+    honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time."""
     from concurrent.futures import ThreadPoolExecutor
 
     from swcli.pipeline import counted_call, wait_for
 
+    stats = stats if stats is not None else SearchStats()
     length_of = np.empty(len(db), dtype=np.int64)
     length_of[db.index] = db.lengths
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
                         settings.device, max_bytes=max_bytes)
+    stats.sequences, stats.residues = len(db), db.residues
+    stats.host_bytes, stats.device_bytes, stats.resident = db.nbytes, searcher.device_bytes, searcher.resident is not None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-search")
     finished = False
     try:
-        for query, codes in zip(queries, query_codes):
-            found = wait_for(pool.submit(counted_call, searcher.best, codes))
+        queries, pending = list(queries), None
+        for k, codes in enumerate(chain(query_codes, [None])):  # None: finish the last query
+            pending, done = wait_for(pool.submit(counted_call, searcher.step, codes, pending))
+            if done is None:
+                continue
+            found, seconds = done
+            query = queries[k - 1]
+            stats.queries += 1
+            stats.cells += len(query.sequence) * db.residues
+            stats.kernel_seconds += seconds
             yield [(query.id, db.ids[target], len(query.sequence), int(length_of[target]), score)
                    for score, target in zip(found.scores.tolist(), found.targets.tolist())]
         finished = True
     finally:
         pool.shutdown(wait=finished, cancel_futures=True)
+
+
+def check_inputs(queries: str, database: str) -> None:
+    if queries == database == "-":
+        raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and DATABASE as -")
+
+
+def run_search(queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
+               header: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, progress=None) -> SearchStats:
+    """`swcli search` as a function: read and check the queries, open the database (a FASTA file or a
+    makedb folder), search, write the TSV to `output` (None: stdout). settings: the pipeline's Settings,
+    its engine already loaded, so that start-up stays out of the returned SearchStats (seconds run from
+    the queries' reading to the output's completion). progress(total), if given, makes the bar."""
+    from contextlib import nullcontext
+
+    from swcli.fasta import read_fasta
+    from swcli.output import TsvWriter
+
+    check_inputs(queries, database)
+    stats = SearchStats()
+    records = list(read_fasta(queries))  # the queries are few: all checked before any output
+    codes = [settings.matrix.encode(record.sequence, record.where) for record in records]
+    stats.total = len(records)
+    db = open_database(database, settings.matrix)
+    interrupt.check()
+    with (progress(len(records)) if progress else nullcontext()) as bar, TsvWriter(output, header) as writer:
+        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats):
+            writer.write_rows(rows)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"{stats.gcups:.2f} GCUPS", refresh=False)
+    stats.seconds = stats.elapsed
+    return stats

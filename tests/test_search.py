@@ -11,7 +11,8 @@ from swcli import database
 from swcli.fasta import FastaRecord
 from swcli.ops import load_engine
 from swcli.scoring import load_matrix
-from swcli.search import Hits, block_bounds, merge_top, search
+from swcli.search import (LOW, Hits, Searcher, block_bounds, hits_of, make_block, merge_top, run_search, score_keys,
+                          search)
 from swcli.testing import DEVICE_PARAMS, biopython_score, random_protein, related_protein_pairs
 from swcli.testing import run_cli as cli
 
@@ -103,8 +104,89 @@ def test_merge_keeps_database_order_among_ties():
     assert merged.scores.tolist() == [8.0, 7.0, 5.0] and merged.targets.tolist() == [30, 4, 1]
 
 
+def test_keys_order_by_score_then_database_order_and_decode_exactly():
+    scores = torch.tensor([-0.0, 0.0, -1.5, float("inf"), 2.25, -float("inf"), 2.25, 1e-30, -1e-30, 7.0])
+    targets = torch.tensor([3, 1, 0, 9, 8, 2, 4, 5, 6, 7])
+    keys = score_keys(scores, LOW - targets)
+    back = hits_of(keys)
+    assert torch.equal(back.targets, targets) and back.scores.tolist() == (scores + 0.0).tolist()
+    by_key = torch.argsort(keys, descending=True).tolist()
+    by_sort = sorted(range(10), key=lambda k: (-scores[k].item(), targets[k].item()))
+    assert by_key == by_sort  # -0.0 and 0.0 tie, broken by database order
+
+
+@pytest.mark.parametrize("t", [0.0, 1.0])
+def test_ties_across_blocks_keep_database_order(t):
+    """Equal sequences in different blocks, the top cutting through them: the earliest are kept."""
+    rng = random.Random(5)
+    query = random_protein(rng, 40)
+    copies = [query[5:35]] * 9 + [query[8:38]] * 5  # two groups of equal scores
+    sequences = [random_protein(rng, rng.randint(20, 60)) for _ in range(60)]
+    for s in copies:
+        sequences.insert(rng.randrange(len(sequences) + 1), s)
+    whole = run([query], sequences, top=12, t=t)[0]
+    for limits in ({"max_cells": 45}, {"max_cells": 200, "max_bytes": 0}):
+        cut = run([query], sequences, top=12, t=t, **limits)[0]
+        assert torch.equal(cut.targets, whole.targets)
+        torch.testing.assert_close(cut.scores, whole.scores, rtol=1e-6, atol=1e-5)
+    if t == 0.0:
+        exhaustive = sorted((-biopython_score(query, s, -4.0), k) for k, s in enumerate(sequences))[:12]
+        assert whole.targets.tolist() == [k for _, k in exhaustive]
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_hard_search_is_the_same_on_every_device_resident_or_streamed(device):
+    """t = 0 scores are exact, so hits, ties included, are the same everywhere: the CPU search beside
+    the device's, resident and streamed, several queries in flight."""
+    queries, sequences = search_set(seed=8, queries=5, sequences=150)
+    sequences += sequences[10:40]  # more ties, in other blocks
+    expected = run(queries, sequences, top=9)
+    for limits in ({}, {"max_cells": 900}, {"max_cells": 900, "max_bytes": 0}):
+        for want, got in zip(expected, run(queries, sequences, top=9, device=device, **limits)):
+            assert torch.equal(got.targets, want.targets) and torch.equal(got.scores, want.scores)
+
+
+def test_pipelined_queries_equal_one_at_a_time():
+    queries, sequences = search_set(seed=6, queries=5, sequences=80)
+    db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62, "x")
+    codes = [BLOSUM62.encode(q, lambda: "query") for q in queries]
+    searcher = Searcher(db, BLOSUM62.tensor(), -4.0, 0.0, 6, "cpu", "cpu", max_cells=500)
+    for alone, together in zip([searcher.best(c) for c in codes],
+                               search(iter(codes), db, BLOSUM62.tensor(), -4.0, 0.0, 6, "cpu", "cpu", max_cells=500)):
+        assert torch.equal(alone.targets, together.targets) and torch.equal(alone.scores, together.scores)
+
+
+def test_blocks_padded_from_flat_codes_equal_the_database_padding():
+    sequences = [random_protein(random.Random(k), 1 + (k * 13) % 90) for k in range(120)]
+    db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62, "x")
+    flat = torch.from_numpy(db.codes.copy())
+    for start, stop in block_bounds(db, 700):
+        codes, lengths = db.padded(start, stop)
+        for block in (make_block(db, start, stop, "cpu"), make_block(db, start, stop, "cpu", flat)):
+            assert torch.equal(block.codes, torch.from_numpy(codes)) and block.lengths.tolist() == lengths.tolist()
+            assert (LOW - block.tiebreak).tolist() == db.index[start:stop].tolist()
+
+
 # --------------------------------------------------------------------------------------------------
 # swcli search and swcli makedb
+
+
+def test_run_search_writes_the_cli_output_and_counts_the_work(search_files, tmp_path, capsys):
+    from swcli.pipeline import Settings
+
+    q, db = search_files
+    _, expected, _ = cli(["search", q, db, "-t", "0", "--backend", "cpu", "-k", "4"], capsys)
+    load_engine("cpu")
+    out = tmp_path / "hits.tsv"
+    stats = run_search(q, db, Settings(BLOSUM62, -4.0, 0.0, "cpu"), str(out), top=4)
+    assert out.read_text() == expected
+    query_residues = sum(len(s) for s in search_set(seed=7, queries=4, sequences=40)[0])
+    assert stats.queries == stats.total == 4 and stats.sequences == 43
+    assert stats.cells == query_residues * stats.residues
+    assert 0 < stats.kernel_seconds <= stats.seconds and stats.resident and stats.device_bytes > 0
+    assert stats.host_bytes > stats.residues and stats.gcups <= stats.kernel_gcups
+    streamed = run_search(q, db, Settings(BLOSUM62, -4.0, 0.0, "cpu"), str(out), top=4, max_bytes=0)
+    assert out.read_text() == expected and not streamed.resident and streamed.device_bytes == 0
 
 
 @pytest.fixture

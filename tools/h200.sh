@@ -10,12 +10,15 @@
 #     log-pairs  benchmarks/log_space_pairs.py: pairs the scaled sweep hands to log space
 #     floor      benchmarks/gradient_floor.py: the memory floor of a recomputing gradient
 #     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family
-#     e2e        swcli align on a FASTA of 100,000 real pairs, then bench's end-to-end rows
+#     e2e        swcli align on $E2E_PAIRS (1,000,000) real pairs, then bench's end-to-end rows
 #     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency)
 #     steps      seed-shaped batches of growing size in graph replay (benchmarks/profile_workloads.py steps)
 #     host       host time per call of the op and the operators (benchmarks/profile_workloads.py host)
 #     clocks     SM clock, power and throttle reasons under the dense forward
-# Needs the biopython wheel in .whl/ and .bench/proteins.fasta (250 real proteins) in the tree.
+#     search     swcli search beside CUDASW++4.0 (benchmarks/search_peer.py; record in $OUT/search): CUDASW4's
+#                20 queries against make-db's 100,000 sequences; about 5 minutes, CUDASW4's build included
+# Needs the biopython wheel in .whl/ and .bench/proteins.fasta (250 real proteins) in the tree; search also
+# needs .peer/ (the peers folder: peer-cudasw4, cudasw4/, zlib1g-dev.deb) with make-db in .peer/tools/.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -124,24 +127,36 @@ PY
     host)
       python3 benchmarks/profile_workloads.py host 2>&1 | tee "$OUT/host.txt" ;;
     e2e)
-      python3 - <<'PY'
-import random
+      # swcli align on E2E_PAIRS (default 1,000,000) random pairs of the 250 proteins: the whole command
+      # (wall time with start-up, peak RSS), then bench's end-to-end rows (in process, after a warm-up run)
+      python3 - ${E2E_PAIRS:-1000000} <<'PY'
+import random, sys
 from Bio import SeqIO
 records = list(SeqIO.parse(".bench/proteins.fasta", "fasta"))
 rng = random.Random(0)
 with open("/tmp/pairs.fasta", "w") as f:
-    for k in range(100_000):
+    for k in range(int(sys.argv[1])):
         a, b = rng.choice(records), rng.choice(records)
         f.write(f">{a.id}\n{a.seq}\n>{b.id}\n{b.seq}\n")
 PY
-      for t in 1; do
+      ls -l /tmp/pairs.fasta
+      for t in 1 0; do
         /usr/bin/time -v python3 -m swcli align /tmp/pairs.fasta --backend cuda --temperature $t -q -o /tmp/out_$t.tsv \
           2> "$OUT/e2e_$t.err"; echo "t=$t exit $?: $(grep -E 'Elapsed|Maximum resident' "$OUT/e2e_$t.err" | tr '\n' ' ')"
       done
-      timeout 240 python3 -c "
+      timeout 300 python3 -c "
 from swcli.bench import end_to_end_rows; from swcli.fasta import read_fasta
-rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), 100_000)
+rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), ${E2E_PAIRS:-1000000})
 [print(r.workload, r.temperature, f'{r.seconds:.2f} s', f'{r.gcups:.1f} GCUPS', r.note) for r in rows]" 2>&1 | tee "$OUT/e2e.txt" ;;
+    search)
+      # make-db reads ../data/proteins.fasta beside itself: give it the same 250 proteins
+      [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }
+      started=$(date +%s)
+      python3 .peer/tools/make-db /tmp/search_db.fasta && md5sum .peer/data/proteins.fasta /tmp/search_db.fasta \
+        && echo "make-db: $(( $(date +%s) - started )) s" \
+        && timeout 540 python3 benchmarks/search_peer.py .peer/cudasw4/allqueries.fasta /tmp/search_db.fasta \
+             "$OUT/search" --work /tmp/search_work --peer .peer/peer-cudasw4 2>&1 | tee "$OUT/search_peer.txt" | tail -40
+      echo "search: $(( $(date +%s) - started )) s" ;;
     *)
       echo "unknown stage $stage; see the stages at the top of $0" >&2; exit 2 ;;
   esac
