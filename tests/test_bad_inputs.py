@@ -179,11 +179,14 @@ def listing(folder: Path) -> dict:
 
 @pytest.fixture(scope="module", autouse=True)
 def built_cpu_engine():
-    """The CPU engine built before the first row: on a cold cache the first command would otherwise
-    print the first-compile line beside its error (the rows check that the error is the only line)."""
+    """The CPU engine and the host library built before the first row: on a cold cache the first command
+    would otherwise print the first-compile line beside its error (the rows check that the error is the
+    only line)."""
+    from swcli import _host
     from swcli.ops import load_engine
 
     load_engine("cpu")
+    _host.load()
 
 
 @pytest.mark.parametrize("row", [pytest.param(row, id=row.name, marks=row.marks) for row in ROWS])

@@ -314,10 +314,13 @@ def slow_input(tmp_path, length=12000, pairs=1):
 
 @pytest.fixture(scope="module")
 def engine_built():
-    """The CPU engine in the cache first: a signal test must not land in (and leave) a first compile."""
+    """The CPU engine and the host library in the cache first: a signal test must not land in (and
+    leave) a first compile."""
+    from swcli import _host
     from swcli.ops import prepare_backend
 
     prepare_backend("cpu")
+    _host.load()
 
 
 def start(argv, tmp_path):
