@@ -30,6 +30,13 @@ from swcli.scoring import load_matrix
 
 SEED_SHAPE = (16, 32, 32)
 
+# The affine rows' gaps: BLAST's default 11/1 under BLOSUM62, as scores (a gap of length k scores
+# -12 - (k - 1)), timed beside the linear gap -4 on the same inputs.
+AFFINE_GAPS = {"gap_open": -12.0, "gap_extend": -1.0}
+AFFINE_NOTE = "affine gaps -12/-1 (BLAST's 11/1)"
+# What the affine rows call: without these CUDA kernels the CUDA rows are skipped, with a row saying so.
+AFFINE_OPERATORS = ("affine_scores", "affine_scores_codes", "affine_forward", "affine_backward")
+
 
 @dataclass
 class Row:
@@ -42,8 +49,13 @@ class Row:
     note: str = ""
 
     @property
+    def skipped(self) -> bool:
+        """A row that says why a measurement was not made (its note), with no time."""
+        return self.seconds == 0
+
+    @property
     def gcups(self) -> float:
-        return self.cells / self.seconds / 1e9
+        return 0.0 if self.skipped else self.cells / self.seconds / 1e9
 
     def record(self) -> dict:
         return {**asdict(self), "gcups": self.gcups}
@@ -75,9 +87,51 @@ def seed_rows(backend: str, repeats: int) -> list[Row]:
 def dense_rows(backend: str, repeats: int) -> list[Row]:
     B, M, N = 256, 256, 256
     S = torch.randn(B, M, N)
-    return [Row(f"random B={B} {M}x{N}", backend, t, B, B * M * N,
+    workload = f"random B={B} {M}x{N}"
+    rows = [Row(workload, backend, t, B, B * M * N,
                 median_seconds(lambda: ops.soft_smith_waterman(S, temperature=t, backend=backend), repeats))
             for t in (1.0, 0.0)]
+    return rows + affine_dense_rows(backend, S, workload, rows[0], lambda run: median_seconds(run, repeats))
+
+
+def affine_dense_rows(backend: str, S: torch.Tensor, workload: str, linear_forward: Row, seconds,
+                      few_seconds=None) -> list[Row]:
+    """Dense S with affine gaps at t = 1 through the op: the forward (beside linear_forward, the linear
+    op's on the same S) and forward + backward through autograd (beside that forward); seconds(run) times
+    one run, and few_seconds(run), if given, the slower forward + backward (with fewer calls)."""
+    few_seconds = few_seconds or seconds
+    B, M, N = S.shape
+    cells = B * M * N
+    forward = seconds(lambda: ops.soft_smith_waterman(S, temperature=1.0, backend=backend, **AFFINE_GAPS))
+    grad_S = S.clone().requires_grad_()
+    ones = torch.ones(B, device=S.device)
+
+    def forward_backward():
+        grad_S.grad = None
+        ops.soft_smith_waterman(grad_S, temperature=1.0, backend=backend, **AFFINE_GAPS).backward(ones)
+
+    both = few_seconds(forward_backward)
+    ratio = (cells / forward) / (linear_forward.cells / linear_forward.seconds)
+    return [
+        Row(f"affine {workload}", backend, 1.0, B, cells, forward,
+            f"{AFFINE_NOTE}, forward; {ratio:.2f}x the linear forward's GCUPS"),
+        Row(f"affine {workload}", backend, 1.0, B, cells, both,
+            f"{AFFINE_NOTE}, forward + backward: {both / forward:.2f}x the affine forward alone"),
+    ]
+
+
+def missing_affine_kernels(backend: str) -> list[str]:
+    """The affine operators that the backend's engine has no kernel for (none on the CPU), checked with
+    the engine loaded: the CUDA engine's affine kernels come after its linear ones."""
+    key = "CUDA" if backend == "cuda" else "CPU"
+    ops.load_engine(backend)
+    return [name for name in AFFINE_OPERATORS
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{name}", key)]
+
+
+def affine_skipped_row(backend: str, missing: list[str]) -> Row:
+    return Row("affine rows", backend, 1.0, 0, 0, 0.0,
+               f"skipped: the {backend} engine has no kernels for {', '.join(f'swcli::{n}' for n in missing)}")
 
 
 def random_pairs(records: list[FastaRecord], count: int, seed: int = 0) -> list[tuple[FastaRecord, FastaRecord]]:
@@ -123,6 +177,19 @@ def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> 
         rows.append(Row(workload, backend, temperature, count, batch.cells, seconds(run), note))
         rows.append(Row(workload, "cuda-log", temperature, count, batch.cells, seconds(lambda: engine_call(False)),
                         "the same, every pair through the log-space sweep (operator call)"))
+    missing = missing_affine_kernels(backend)
+    if missing:
+        return rows + [affine_skipped_row(backend, missing)]
+    linear = {row.temperature: row for row in rows if row.backend == backend}
+    for temperature in (1.0, 0.0):
+        def affine_run():
+            ops.soft_smith_waterman_codes(batch.query_codes, batch.target_codes, table, None, temperature,
+                                          batch.query_lengths, batch.target_lengths, backend, **AFFINE_GAPS)
+
+        row = Row(f"affine real pairs ({count})", backend, temperature, count, batch.cells, seconds(affine_run))
+        row.note = (f"BLOSUM62, {AFFINE_NOTE}, the same batch; {row.gcups / linear[temperature].gcups:.2f}x the "
+                    "linear row's GCUPS")
+        rows.append(row)
     return rows
 
 
@@ -292,7 +359,13 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
     rows.append(Row(f"dense B={batch} {size}x{size}", "cuda", 1.0, batch, cells, backward,
                     f"backward from the table alone (operator call); with that forward "
                     f"{(keeping + backward) / rows[0].seconds:.2f}x the forward alone"))
-    return rows
+    del table, best_at, failed, grad_S
+    missing = missing_affine_kernels("cuda")
+    if missing:
+        return rows + [affine_skipped_row("cuda", missing)]
+    return rows + affine_dense_rows("cuda", S, f"dense B={batch} {size}x{size}", rows[0],
+                                    lambda run: cuda_seconds(run, calls),
+                                    lambda run: cuda_seconds(run, few, warmup=3))
 
 
 def gpu() -> str:
@@ -332,9 +405,12 @@ def run_benchmarks(backend: str, fasta: str | None, pairs: int, repeats: int, as
                           "rows": [r.record() for r in rows]}, indent=2))
         return
     print(f"machine: {where}")
-    print(f"| {'workload':<26} | {'backend':<9} | {'t':>3} | {'time':>12} | {'GCUPS':>7} | note")
-    print(f"|{'-' * 28}|{'-' * 11}|{'-' * 5}|{'-' * 14}|{'-' * 9}|------")
+    print(f"| {'workload':<28} | {'backend':<9} | {'t':>3} | {'time':>12} | {'GCUPS':>7} | note")
+    print(f"|{'-' * 30}|{'-' * 11}|{'-' * 5}|{'-' * 14}|{'-' * 9}|------")
     for r in rows:
         time_text = f"{r.seconds * 1e6:,.0f} us" if r.seconds < 0.1 else f"{r.seconds:.2f} s"
-        print(f"| {r.workload:<26} | {r.backend:<9} | {r.temperature:>3g} | {time_text:>12} | "
-              f"{r.gcups:>7.3f} | {r.note}")
+        gcups_text = f"{r.gcups:>7.3f}"
+        if r.skipped:
+            time_text, gcups_text = "-", "-"
+        print(f"| {r.workload:<28} | {r.backend:<9} | {r.temperature:>3g} | {time_text:>12} | "
+              f"{gcups_text:>7} | {r.note}")

@@ -60,9 +60,24 @@ AllVsAllOpt = Annotated[bool, typer.Option(
 MatrixOpt = Annotated[str, typer.Option(
     "--matrix", "-m", help="Substitution matrix: a name Biopython knows (BLOSUM45/50/62/80/90, PAM30, "
                            "PAM250, ...; case-insensitive) or a matrix file.")]
-GapOpt = Annotated[float, typer.Option(
-    "--gap", max=0.0, help="Linear gap SCORE added per gap position (so negative; e.g. --gap -4). "
-                           "Equals Biopython's open_gap_score = extend_gap_score = GAP.")]
+# The gaps: --gap's None means "not given" (its default is -4, scoring.resolve_gaps), so that giving it
+# with an affine option can be refused.
+GapOpt = Annotated[Optional[float], typer.Option(
+    "--gap", max=0.0, show_default=False,
+    help="Linear gap SCORE added per gap position (so negative; e.g. --gap -4). Equals Biopython's "
+         "open_gap_score = extend_gap_score = GAP. Default -4, unless --gap-open/--gap-extend are given.")]
+GapOpenOpt = Annotated[Optional[float], typer.Option(
+    "--gap-open", show_default=False,
+    help="Affine gaps: the SCORE of a gap's first position (GAP_OPEN <= GAP_EXTEND <= 0), so a gap of length k "
+         "scores GAP_OPEN + (k - 1) GAP_EXTEND: Biopython's open_gap_score. BLAST's gap costs G/E are "
+         "--gap-open -(G+E) --gap-extend -E (its 11/1: --gap-open -12 --gap-extend -1); MMseqs2's --gap-open O "
+         "--gap-extend E are --gap-open -O --gap-extend -E. Alone, --gap-extend is BLAST's default extension "
+         "for the matrix (BLOSUM62: -1).")]
+GapExtendOpt = Annotated[Optional[float], typer.Option(
+    "--gap-extend", show_default=False,
+    help="Affine gaps: the SCORE of each further gap position: Biopython's extend_gap_score. Alone, --gap-open "
+         "adds BLAST's default existence cost for the matrix to it (BLOSUM62: 11, so --gap-extend -2 is "
+         "--gap-open -13 --gap-extend -2, BLAST's -gapextend 2).")]
 TemperatureOpt = Annotated[float, typer.Option(
     "--temperature", "-t", min=0.0, help="Softness of the max; 0 is exact (hard) Smith-Waterman.")]
 BackendOpt = Annotated[Backend, typer.Option(
@@ -119,19 +134,45 @@ def _pair_chunks(queries: str, targets: Optional[str], all_vs_all: bool, size: i
     return fasta.chunks_in_two_files(queries, targets, size)
 
 
-def _settings(matrix: str, unknown_as: Optional[str], gap: float, temperature: float, backend: Backend,
-              **extra):
+def _settings(matrix: str, unknown_as: Optional[str], gap: Optional[float], temperature: float, backend: Backend,
+              gap_open: Optional[float] = None, gap_extend: Optional[float] = None, **extra):
+    from pathlib import Path
+
     from swcli.ops import prepare_backend
     from swcli.pipeline import Settings
-    from swcli.scoring import check_gap, check_temperature, load_matrix
+    from swcli.scoring import check_gap_options, check_temperature, load_matrix, resolve_gaps
 
-    gap, temperature = check_gap(gap), check_temperature(temperature)
+    check_gap_options(gap, gap_open, gap_extend)
+    temperature = check_temperature(temperature)
     substitution = load_matrix(matrix)
+    # BLAST's defaults are those of its named matrices: a matrix file has none, whatever its name.
+    gaps = resolve_gaps(gap, gap_open, gap_extend, None if Path(matrix).is_file() else substitution.name)
     if unknown_as is not None:
         substitution = substitution.with_unknown_as(unknown_as)
     resolved = _resolve_backend(backend)
     prepare_backend(resolved)
-    return Settings(substitution, gap, temperature, resolved, **extra)
+    if gaps.affine:
+        _check_affine_backend(substitution, resolved, gaps, temperature)
+    return Settings(substitution, gaps.gap, temperature, resolved, gap_open=gaps.gap_open,
+                    gap_extend=gaps.gap_extend, **extra)
+
+
+def _check_affine_backend(substitution, backend: str, gaps, temperature: float) -> None:
+    """The op on one one-residue pair on the backend's device, before any input is read: an engine without
+    affine kernels (CUDA's, until they are registered) makes the op raise ValueError, which is said here
+    as one line (exit 1), not as a traceback from the scoring thread. No other backend is tried instead."""
+    import torch
+
+    from swcli.ops import soft_smith_waterman_codes
+
+    device = "cuda" if backend == "cuda" else "cpu"
+    one = torch.zeros((1, 1), dtype=torch.uint8, device=device)
+    try:
+        soft_smith_waterman_codes(one, one, substitution.tensor(device=device), None, temperature, backend=backend,
+                                  gap_open=gaps.gap_open, gap_extend=gaps.gap_extend)
+    except ValueError as exc:
+        raise SwcliError(f"the {backend} backend cannot score affine gaps (--gap-open, --gap-extend): {exc}; "
+                         "use --backend cpu or --backend reference") from None
 
 
 def _progress_shown(quiet: bool) -> bool:
@@ -207,7 +248,9 @@ def align(
     targets: TargetsArg = None,
     all_vs_all: AllVsAllOpt = False,
     matrix: MatrixOpt = "BLOSUM62",
-    gap: GapOpt = -4.0,
+    gap: GapOpt = None,
+    gap_open: GapOpenOpt = None,
+    gap_extend: GapExtendOpt = None,
     temperature: TemperatureOpt = 1.0,
     backend: BackendOpt = Backend.auto,
     output: OutputOpt = None,
@@ -222,7 +265,7 @@ def align(
     from swcli.output import TsvWriter, chunk_rows
     from swcli.pipeline import Stats, align_chunks
 
-    settings = _settings(matrix, unknown_as, gap, temperature, backend, chunk_size=chunk_size)
+    settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend, chunk_size=chunk_size)
     _host.load()
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
     chunks = _pair_chunks(queries, targets, all_vs_all, chunk_size)
@@ -256,7 +299,9 @@ def verify(
     targets: TargetsArg = None,
     all_vs_all: AllVsAllOpt = False,
     matrix: MatrixOpt = "BLOSUM62",
-    gap: GapOpt = -4.0,
+    gap: GapOpt = None,
+    gap_open: GapOpenOpt = None,
+    gap_extend: GapExtendOpt = None,
     temperature: TemperatureOpt = 1.0,
     backend: BackendOpt = Backend.auto,
     sample: Annotated[int, typer.Option("--sample", min=1, help="Pairs to check (drawn at random).")] = 10,
@@ -272,7 +317,7 @@ def verify(
     """Check the backend against the reference loop (float64) on a sample of the pairs; exit 1 if off."""
     from swcli.verify import verify_pairs
 
-    settings = _settings(matrix, unknown_as, gap, temperature, backend)
+    settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
     report = verify_pairs(_pairs(queries, targets, all_vs_all), settings, sample, seed, max_cells,
                           lambda total: _progress_bar(quiet, "step", total))
     typer.echo(report.describe(tolerance))
@@ -289,7 +334,9 @@ def search(
     top: Annotated[int, typer.Option(
         "--top", "-k", min=1, help="Hits kept per query: the best scores, ties broken by database order.")] = 10,
     matrix: MatrixOpt = "BLOSUM62",
-    gap: GapOpt = -4.0,
+    gap: GapOpt = None,
+    gap_open: GapOpenOpt = None,
+    gap_extend: GapExtendOpt = None,
     temperature: TemperatureOpt = 1.0,
     backend: BackendOpt = Backend.auto,
     output: OutputOpt = None,
@@ -306,7 +353,7 @@ def search(
     from swcli.search import check_inputs, run_search
 
     check_inputs(queries, database)
-    settings = _settings(matrix, unknown_as, gap, temperature, backend)
+    settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
     _host.load()
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
     try:

@@ -22,7 +22,7 @@ from swcli import interrupt
 from swcli.batching import DEFAULT_MAX_CELLS, Batch, Codes, chunked, make_batches
 from swcli.fasta import FastaRecord, PairChunk, Records
 from swcli.ops import score_checked_codes
-from swcli.scoring import SubstitutionMatrix
+from swcli.scoring import Gaps, SubstitutionMatrix
 
 DEFAULT_CHUNK_SIZE = 16384
 
@@ -38,6 +38,20 @@ class Settings:
     # never build the (B, M, N) tensor (small batches would only leave SIMD lanes idle); the reference
     # builds it, so it gets DEFAULT_MAX_CELLS.
     max_cells: int | None = None
+    # Affine gaps (soft Gotoh): the open and extend scores, both or neither (scoring.resolve_gaps makes them
+    # from the options). None: linear gaps, with `gap`; given, `gap` is not used.
+    gap_open: float | None = None
+    gap_extend: float | None = None
+
+    def __post_init__(self):
+        if (self.gap_open is None) != (self.gap_extend is None):
+            raise ValueError("affine gaps need both gap_open and gap_extend")
+
+    @property
+    def gaps(self) -> Gaps:
+        if self.gap_open is None:
+            return Gaps(self.gap)
+        return Gaps(None, self.gap_open, self.gap_extend)
 
     @property
     def batch_cells(self) -> int:
@@ -120,6 +134,7 @@ def score_batches(batches: list[Batch], count: int, settings: Settings, matrix: 
         values = score_checked_codes(  # make_batches' codes and lengths are valid by construction
             batch.query_codes, batch.target_codes, matrix, settings.gap, settings.temperature,
             batch.query_lengths, batch.target_lengths, settings.backend,
+            gap_open=settings.gap_open, gap_extend=settings.gap_extend,
         )
         if on_gpu:
             finished.record()

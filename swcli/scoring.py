@@ -40,11 +40,101 @@ def check_temperature(value: float) -> float:
     return value
 
 
-def check_gap(value: float) -> float:
-    """--gap: a finite number <= 0 (a gap score). Raises typer.BadParameter (a usage error, exit 2)."""
+def check_gap(value: float, option: str = "--gap", example: str = "--gap -4") -> float:
+    """--gap (or another gap option): a finite number <= 0 (a gap score). Raises typer.BadParameter (a usage
+    error, exit 2)."""
     if not (_finite32(value) and value <= 0):
-        raise _bad_option("--gap", value, "a finite gap score <= 0 (e.g. --gap -4)")
+        raise _bad_option(option, value, f"a finite gap score <= 0 (e.g. {example})")
     return value
+
+
+def _usage_error(message: str):
+    import typer
+
+    # click's UsageError, as typer exposes it (typer vendors click in recent versions): exit 2, no option
+    # named in front of the message, since the message is about how options combine.
+    usage_error = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "UsageError")
+    return usage_error(message)
+
+
+# BLAST's default gap costs per matrix, (existence G, extension E): what blastp takes for -matrix NAME
+# without -gapopen and -gapextend (NCBI BLAST+, c++/src/algo/blast/core/blast_stat.c, the entry marked
+# BLAST_MATRIX_BEST in each matrix's table). A gap of length k costs G + k E there: as scores here,
+# --gap-open -(G + E) --gap-extend -E.
+BLAST_GAP_COSTS = {
+    "BLOSUM45": (14, 2), "BLOSUM50": (13, 2), "BLOSUM62": (11, 1), "BLOSUM80": (10, 1), "BLOSUM90": (10, 1),
+    "PAM30": (9, 1), "PAM70": (10, 1), "PAM250": (14, 2),
+}
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """The gaps of a run: a linear gap score, or affine open and extend scores (the other field(s) None)."""
+
+    gap: float | None = -4.0
+    gap_open: float | None = None
+    gap_extend: float | None = None
+
+    @property
+    def affine(self) -> bool:
+        return self.gap_open is not None
+
+    def describe(self) -> str:
+        if self.affine:
+            return f"affine gaps: open {self.gap_open:g}, extend {self.gap_extend:g}"
+        return f"linear gap {self.gap:g}"
+
+
+def check_gap_options(gap: float | None, gap_open: float | None, gap_extend: float | None) -> None:
+    """The gap options' values alone, before the matrix is known: each finite and <= 0, and --gap not
+    with the affine pair. Raises click's usage errors (exit 2)."""
+    if gap is not None:
+        check_gap(gap)
+        if gap_open is not None or gap_extend is not None:
+            given = "--gap-open" if gap_open is not None else "--gap-extend"
+            raise _usage_error(f"--gap and {given} exclude each other: --gap is a linear gap score, --gap-open "
+                               "and --gap-extend make the gaps affine; give one kind")
+    if gap_open is not None:
+        check_gap(gap_open, "--gap-open", "--gap-open -12")
+    if gap_extend is not None:
+        check_gap(gap_extend, "--gap-extend", "--gap-extend -1")
+
+
+def resolve_gaps(gap: float | None, gap_open: float | None, gap_extend: float | None, matrix: str | None) -> Gaps:
+    """The run's gaps from the options (checked by check_gap_options), for the matrix named `matrix`
+    (None: a matrix file, which has no BLAST defaults).
+
+    No affine option: the linear gap, -4 by default. One of the pair alone: the other as blastp takes it
+    for this matrix (BLAST_GAP_COSTS), the defaults being costs: --gap-open alone takes extension E
+    (--gap-extend -E); --gap-extend alone keeps the existence cost G on top of the given extension
+    (--gap-open -G + GAP_EXTEND), as blastp -gapextend does. Then gap_open <= gap_extend, else a usage
+    error. Equal open and extend scores are the linear gap (the same recurrence, design.md section 1),
+    scored as --gap: the linear engines are faster, and the output is --gap's byte for byte."""
+    if gap_open is None and gap_extend is None:
+        return Gaps(-4.0 if gap is None else gap)
+    filled = None
+    if gap_open is None or gap_extend is None:
+        given, missing = ("--gap-open", "--gap-extend") if gap_extend is None else ("--gap-extend", "--gap-open")
+        costs = BLAST_GAP_COSTS.get(matrix.upper()) if matrix is not None else None
+        if costs is None:
+            which = f"matrix {matrix}" if matrix is not None else "a matrix file"
+            raise _usage_error(f"{given} without {missing}: {which} has no BLAST default gap costs to take "
+                               f"{missing} from (BLOSUM45/50/62/80/90, PAM30/70/250 have); give both")
+        existence, extension = costs
+        if gap_extend is None:
+            gap_extend = -float(extension)
+        else:
+            gap_open = gap_extend - existence
+        value = gap_extend if missing == "--gap-extend" else gap_open
+        filled = f"{missing} {value:g} from {matrix}'s BLAST default {existence}/{extension}"
+    if gap_open > gap_extend:
+        source = f" ({filled})" if filled else ""
+        raise _bad_option("--gap-open", gap_open,
+                          f"<= --gap-extend {gap_extend:g}{source}: a gap's first position scores at most what "
+                          "each further one does")
+    if gap_open == gap_extend:
+        return Gaps(gap_open)
+    return Gaps(None, gap_open, gap_extend)
 
 
 def available_matrices() -> list[str]:

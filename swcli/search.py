@@ -184,13 +184,18 @@ class Pending:
 class Searcher:
     """One database on a device, ready for queries: its blocks padded once while they fit max_bytes."""
 
-    def __init__(self, database: Database, matrix: torch.Tensor, gap: float, temperature: float, top: int,
-                 backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, database: Database, matrix: torch.Tensor, gap: float | None, temperature: float, top: int,
+                 backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES,
+                 *, gap_open: float | None = None, gap_extend: float | None = None):
+        """gap: the linear gap score; or gap_open with gap_extend, affine gaps (gap is then not used)."""
         if top < 1:
             raise ValueError(f"top must be at least 1, got {top}")
         if len(database) > LOW + 1:
             raise ValueError(f"{database.source}: {len(database):,} sequences; a search takes at most 2^32")
         self.database, self.gap, self.temperature, self.top = database, gap, temperature, top
+        # The scoring calls' gap keywords: none for linear gaps, so that their calls stay what they were.
+        self.affine = ({} if gap_open is None and gap_extend is None
+                       else {"gap_open": gap_open, "gap_extend": gap_extend})
         self.backend, self.device = backend, torch.device(device or "cpu")
         self.on_gpu = self.device.type == "cuda"
         self.matrix = matrix.to(self.device)
@@ -228,7 +233,7 @@ class Searcher:
             else:
                 began = time.perf_counter()
             scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
-                                         self.temperature, None, block.lengths, self.backend)
+                                         self.temperature, None, block.lengths, self.backend, **self.affine)
             if self.on_gpu:
                 finished.record()
                 pending.events.append((started, finished))
@@ -260,11 +265,14 @@ class Searcher:
         return self.finish(self.launch(codes))[0]
 
 
-def search(query_codes: Iterable[bytes], database: Database, matrix: torch.Tensor, gap: float, temperature: float,
-           top: int, backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS,
-           max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[Hits]:
-    """The best `top` hits of each query (codes into `matrix`, on `device`), in query order."""
-    searcher = Searcher(database, matrix, gap, temperature, top, backend, device, max_cells, max_bytes)
+def search(query_codes: Iterable[bytes], database: Database, matrix: torch.Tensor, gap: float | None,
+           temperature: float, top: int, backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS,
+           max_bytes: int = DEFAULT_MAX_BYTES, *, gap_open: float | None = None,
+           gap_extend: float | None = None) -> Iterator[Hits]:
+    """The best `top` hits of each query (codes into `matrix`, on `device`), in query order; gaps as
+    Searcher's."""
+    searcher = Searcher(database, matrix, gap, temperature, top, backend, device, max_cells, max_bytes,
+                        gap_open=gap_open, gap_extend=gap_extend)
     pending = None
     for codes in chain(query_codes, [None]):  # None: finish the last query
         pending, done = searcher.step(codes, pending)
@@ -289,7 +297,7 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
     """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order.
 
     queries: FASTA records, and query_codes their codes (the caller encodes them, checking every letter,
-    before any output); settings: the pipeline's Settings (matrix, gap, temperature, backend). The
+    before any output); settings: the pipeline's Settings (matrix, gaps, temperature, backend). The
     scoring runs in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
     honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time."""
     from concurrent.futures import ThreadPoolExecutor
@@ -300,7 +308,8 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
     length_of = np.empty(len(db), dtype=np.int64)
     length_of[db.index] = db.lengths
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
-                        settings.device, max_bytes=max_bytes)
+                        settings.device, max_bytes=max_bytes, gap_open=settings.gap_open,
+                        gap_extend=settings.gap_extend)
     stats.sequences, stats.residues = len(db), db.residues
     stats.host_bytes, stats.device_bytes, stats.resident = db.nbytes, searcher.device_bytes, searcher.resident is not None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-search")

@@ -38,6 +38,7 @@ class Report:
     eligible_pairs: int  # those within the reference loop's cell limit
     max_cells: int
     checks: list[Check]
+    gaps: str = ""  # the gaps both sides scored with, as scoring.Gaps.describe() says them
 
     @property
     def worst_relative(self) -> float:
@@ -56,7 +57,8 @@ class Report:
         verdict = "OK" if self.worst_relative <= tolerance else "FAILED"
         return "\n".join([
             f"checked {len(self.checks)} of {self.total_pairs} pairs ({self.eligible_pairs} within "
-            f"--max-cells {self.max_cells}): backend {self.backend} against the reference loop in float64",
+            f"--max-cells {self.max_cells}): backend {self.backend} against the reference loop in float64"
+            + (f", {self.gaps}" if self.gaps else ""),
             f"largest absolute difference {by_abs.absolute:.3g}: {name(by_abs)}",
             f"largest relative difference {by_rel.relative:.3g}: {name(by_rel)}",
             f"{verdict}: tolerance {tolerance:g} on |score - reference| / max(1, |reference|)",
@@ -82,8 +84,9 @@ def sample_pairs(pairs: Iterable, k: int, seed: int, max_cells: int | None = Non
 
 def verify_pairs(pairs: Iterable, settings: Settings, sample: int, seed: int, max_cells: int,
                  progress) -> Report:
-    """Score a sample with settings.backend and with the reference; progress(total) gives a bar over
-    the reference loop's steps (one per cell)."""
+    """Score a sample with settings.backend and with the reference, both with settings' gaps (affine
+    ones against the affine loop); progress(total) gives a bar over the reference loop's steps (one per
+    cell)."""
     chosen, total, eligible = sample_pairs(pairs, sample, seed, max_cells)
     if not chosen:
         raise SwcliError(f"none of the {total} pairs has at most {max_cells} cells (qlen x tlen), the "
@@ -97,4 +100,4 @@ def verify_pairs(pairs: Iterable, settings: Settings, sample: int, seed: int, ma
         expected = score_batches(batches, len(chunk), reference, settings.matrix.tensor(dtype=torch.float64),
                                  Stats(), lambda b: bar.update(b.cells))
     checks = [Check(number, q, t, s, r) for (number, (q, t)), s, r in zip(chosen, scores, expected)]
-    return Report(settings.backend, total, eligible, max_cells, checks)
+    return Report(settings.backend, total, eligible, max_cells, checks, settings.gaps.describe())

@@ -117,6 +117,104 @@ def test_reference_backend_agrees(pair_files, capsys):
         assert a[:4] == b[:4] and abs(float(a[4]) - float(b[4])) <= 1e-4 * max(1.0, abs(float(b[4])))
 
 
+# ---------------------------------------------------------------------------------------- affine gaps
+
+
+@pytest.mark.parametrize("gap_open, gap_extend", [(-12, -1), (-11, -1), (-10, -2)])
+def test_affine_temperature_zero_equals_biopython(capsys, gap_open, gap_extend):
+    from swcli.testing import example_protein_pairs
+
+    code, out, _ = run(["align", EXAMPLE, "-t", "0", "--gap-open", str(gap_open), "--gap-extend", str(gap_extend),
+                        "--backend", "cpu"], capsys)
+    rows = read_tsv(out)[1:]
+    pairs = example_protein_pairs()
+    assert code == 0 and len(rows) == len(pairs) == 20
+    for (q, t), row in zip(pairs, rows):
+        assert row[2:4] == [str(len(q)), str(len(t))]
+        assert float(row[4]) == biopython_score(q, t, gap_open, gap_extend=gap_extend)
+
+
+def test_affine_reference_backend_agrees_and_is_biopython_at_zero(pair_files, capsys):
+    pairs, queries, targets = pair_files
+    gaps = ["--gap-open", "-11", "--gap-extend", "-1"]
+    _, cpu, _ = run(["align", queries, targets, "-t", "0.5", "--backend", "cpu", "--no-header"] + gaps, capsys)
+    code, ref, _ = run(["align", queries, targets, "-t", "0.5", "--backend", "reference", "--no-header"] + gaps,
+                       capsys)
+    assert code == 0
+    for a, b in zip(read_tsv(cpu), read_tsv(ref), strict=True):
+        assert a[:4] == b[:4] and abs(float(a[4]) - float(b[4])) <= 1e-4 * max(1.0, abs(float(b[4])))
+    _, hard, _ = run(["align", queries, targets, "-t", "0", "--backend", "reference", "--no-header"] + gaps, capsys)
+    for (q, t), row in zip(pairs, read_tsv(hard), strict=True):
+        assert float(row[4]) == biopython_score(q, t, -11.0, gap_extend=-1.0)
+
+
+@pytest.mark.parametrize("t", ["1", "0"])
+def test_equal_open_and_extend_is_the_linear_gap_byte_for_byte(pair_files, capsys, t):
+    _, queries, targets = pair_files
+    _, linear, _ = run(["align", queries, targets, "-t", t, "--gap", "-4"], capsys)
+    _, default, _ = run(["align", queries, targets, "-t", t], capsys)
+    code, affine, _ = run(["align", queries, targets, "-t", t, "--gap-open", "-4", "--gap-extend", "-4"], capsys)
+    assert code == 0 and affine == linear == default
+
+
+@pytest.mark.parametrize("matrix, given, explicit", [
+    ("BLOSUM62", ["--gap-open", "-12"], ["--gap-open", "-12", "--gap-extend", "-1"]),
+    ("BLOSUM62", ["--gap-open", "-15"], ["--gap-open", "-15", "--gap-extend", "-1"]),
+    # --gap-extend alone keeps BLAST's existence cost (11 for BLOSUM62) on top of it, as blastp -gapextend 2
+    ("BLOSUM62", ["--gap-extend", "-2"], ["--gap-open", "-13", "--gap-extend", "-2"]),
+    ("BLOSUM45", ["--gap-open", "-20"], ["--gap-open", "-20", "--gap-extend", "-2"]),
+    ("pam30", ["--gap-extend", "-1"], ["--gap-open", "-10", "--gap-extend", "-1"]),
+])
+def test_one_affine_option_takes_blast_default_for_the_matrix(pair_files, capsys, matrix, given, explicit):
+    _, queries, targets = pair_files
+    code, alone, err = run(["align", queries, targets, "-t", "0", "-m", matrix] + given, capsys)
+    _, both, _ = run(["align", queries, targets, "-t", "0", "-m", matrix] + explicit, capsys)
+    _, linear, _ = run(["align", queries, targets, "-t", "0", "-m", matrix], capsys)
+    assert code == 0 and err == "" and alone == both and alone != linear
+
+
+def test_an_engine_without_affine_kernels_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """What --backend cuda says until the CUDA engine registers its affine kernels: the op's ValueError as
+    one swcli: line, exit 1, before any output; here the CPU engine's kernels are made to look missing."""
+    import swcli.ops
+
+    def missing(tensor):
+        raise ValueError("affine gaps (gap_open, gap_extend) have no CUDA kernels yet")
+
+    monkeypatch.setattr(swcli.ops, "_require_affine_kernels", missing)
+    path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAW"), ("b", "MKVIAW")])
+    out_path = tmp_path / "out.tsv"
+    code, out, err = run(["align", path, "--backend", "cpu", "--gap-open", "-12", "-o", str(out_path)], capsys)
+    assert code == 1 and out == "" and not out_path.exists()
+    assert err == ("swcli: error: the cpu backend cannot score affine gaps (--gap-open, --gap-extend): affine gaps "
+                   "(gap_open, gap_extend) have no CUDA kernels yet; use --backend cpu or --backend reference\n")
+    assert run(["align", path, "--backend", "cpu"], capsys)[0] == 0  # linear gaps do not ask
+
+
+def test_backend_cuda_with_affine_gaps_says_so_until_its_kernels_exist(tmp_path, capsys):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from swcli.ops import load_engine
+
+    load_engine("cuda")
+    if torch._C._dispatch_has_kernel_for_dispatch_key("swcli::affine_scores_codes", "CUDA"):
+        pytest.skip("the CUDA engine has affine kernels")
+    path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAW"), ("b", "MKVIAW")])
+    code, out, err = run(["align", path, "--backend", "cuda", "--gap-open", "-12", "--gap-extend", "-1"], capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("swcli: error: the cuda backend cannot score affine gaps") and "Traceback" not in err
+
+
+def test_help_states_the_gap_conventions():
+    from typer.testing import CliRunner
+
+    from swcli.commands import app
+
+    for command in ("align", "search", "verify"):
+        text = " ".join(CliRunner().invoke(app, [command, "--help"], terminal_width=400).output.split())
+        assert "--gap-open -12 --gap-extend -1" in text and "MMseqs2" in text and "extend_gap_score" in text
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 # The catalogue of bad inputs through the CLI is tests/test_bad_inputs.py.

@@ -36,6 +36,25 @@ def test_scores_in_input_order_and_stats():
     assert 0 < stats.kernel_seconds <= stats.seconds
 
 
+def test_affine_settings_score_with_the_affine_op():
+    pairs = random_protein_pairs(24, 25, 1, 70)
+    settings = Settings(load_matrix("BLOSUM62"), None, 0.7, "cpu", chunk_size=6, max_cells=2000, gap_open=-11.0,
+                        gap_extend=-1.0)
+    assert settings.gaps.affine and settings.gaps.describe() == "affine gaps: open -11, extend -1"
+    results = list(align(records(pairs), settings))
+    S, qlen, tlen = score_matrices(pairs)
+    from swcli import soft_smith_waterman
+
+    expected = soft_smith_waterman(S, None, 0.7, qlen, tlen, backend="reference", gap_open=-11.0, gap_extend=-1.0)
+    got = torch.tensor([r.score for r in results], dtype=torch.float64)
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-4)
+    linear = torch.tensor([r.score for r in align(records(pairs), Settings(load_matrix("BLOSUM62"), -11.0, 0.7,
+                                                                           "cpu"))])
+    assert not torch.allclose(got, linear.double())
+    with pytest.raises(ValueError, match="both gap_open and gap_extend"):
+        Settings(load_matrix("BLOSUM62"), gap_open=-11.0)
+
+
 def test_chunking_and_batching_do_not_change_scores():
     pairs = records(random_protein_pairs(22, 30, 1, 70))
     matrix = load_matrix("BLOSUM62")

@@ -114,3 +114,39 @@ def test_option_checks_refuse_non_finite_values_as_usage_errors(check, good, bad
         with pytest.raises(typer.BadParameter) as info:
             function(value)
         assert info.value.format_message().startswith(f"Invalid value for '{option}': {value} is not a finite")
+
+
+def test_gaps_from_the_options():
+    from swcli.scoring import BLAST_GAP_COSTS, Gaps, resolve_gaps
+
+    assert resolve_gaps(None, None, None, "BLOSUM62") == Gaps(-4.0)
+    assert resolve_gaps(-2.0, None, None, None) == Gaps(-2.0)
+    assert resolve_gaps(None, -12.0, -1.0, None) == Gaps(None, -12.0, -1.0)
+    assert resolve_gaps(None, -5.0, -5.0, None) == Gaps(-5.0)  # equal scores: the linear gap
+    # one of the pair alone: blastp's default costs G/E for the matrix, G kept on top of a given extension
+    for name, (existence, extension) in BLAST_GAP_COSTS.items():
+        assert resolve_gaps(None, -30.0, None, name) == Gaps(None, -30.0, -float(extension))
+        assert resolve_gaps(None, None, -3.0, name.lower()) == Gaps(None, -3.0 - existence, -3.0)
+    assert resolve_gaps(None, None, -1.0, "BLOSUM62") == Gaps(None, -12.0, -1.0)  # BLAST's 11/1
+    assert Gaps(None, -12.0, -1.0).describe() == "affine gaps: open -12, extend -1"
+    assert Gaps(-4.0).describe() == "linear gap -4"
+
+
+@pytest.mark.parametrize("gap, gap_open, gap_extend, matrix, message", [
+    (-4.0, -12.0, None, "BLOSUM62", "--gap and --gap-open exclude each other"),
+    (None, 0.5, -1.0, "BLOSUM62", "Invalid value for '--gap-open': 0.5 is not a finite gap score <= 0"),
+    (None, -12.0, float("inf"), "BLOSUM62", "Invalid value for '--gap-extend': inf is not a finite gap score"),
+    (None, -1.0, -2.0, "BLOSUM62", "-1.0 is not <= --gap-extend -2"),
+    (None, -12.0, None, "NUC.4.4", "matrix NUC.4.4 has no BLAST default gap costs"),
+    (None, None, -1.0, None, "a matrix file has no BLAST default gap costs"),
+])
+def test_bad_gap_options_are_usage_errors(gap, gap_open, gap_extend, matrix, message):
+    import typer
+
+    from swcli.scoring import check_gap_options, resolve_gaps
+
+    usage_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+    with pytest.raises(usage_error) as info:
+        check_gap_options(gap, gap_open, gap_extend)
+        resolve_gaps(gap, gap_open, gap_extend, matrix)
+    assert message in info.value.format_message()

@@ -49,6 +49,36 @@ def test_top_hits_equal_an_exhaustive_biopython_search():
         assert found.targets.tolist() == [k for _, k in exhaustive]  # ties by database order
 
 
+@pytest.mark.parametrize("gap_open, gap_extend", [(-12.0, -1.0), (-10.0, -2.0)])
+def test_affine_top_hits_equal_an_exhaustive_biopython_search(gap_open, gap_extend):
+    queries, sequences = search_set(seed=9, queries=4, sequences=90)
+    gaps = {"gap_open": gap_open, "gap_extend": gap_extend}
+    hits = run(queries, sequences, top=8, gap=None, **gaps)
+    streamed = run(queries, sequences, top=8, gap=None, max_bytes=0, max_cells=400, **gaps)
+    for q, found, cut in zip(queries, hits, streamed, strict=True):
+        exhaustive = sorted((-biopython_score(q, s, gap_open, gap_extend=gap_extend), k)
+                            for k, s in enumerate(sequences))[:8]
+        assert found.scores.tolist() == [-score for score, _ in exhaustive]
+        assert found.targets.tolist() == [k for _, k in exhaustive]  # ties by database order
+        assert torch.equal(cut.targets, found.targets) and torch.equal(cut.scores, found.scores)
+    linear = run(queries, sequences, top=8)
+    assert any(a.scores.tolist() != b.scores.tolist() for a, b in zip(hits, linear))
+
+
+def test_affine_soft_hits_are_the_op_scores():
+    """At t > 0 an affine hit's score is the score the affine op gives that pair alone."""
+    from swcli.ops import soft_smith_waterman_codes
+
+    queries, sequences = search_set(seed=10, queries=2, sequences=40)
+    for q, found in zip(queries, run(queries, sequences, top=4, gap=None, t=1.0, gap_open=-11.0, gap_extend=-1.0)):
+        qc = torch.tensor(list(BLOSUM62.encode(q, lambda: "q")), dtype=torch.uint8)[None]
+        for score, k in zip(found.scores.tolist(), found.targets.tolist()):
+            tc = torch.tensor(list(BLOSUM62.encode(sequences[k], lambda: "t")), dtype=torch.uint8)[None]
+            alone = soft_smith_waterman_codes(qc, tc, BLOSUM62.tensor(), None, 1.0, backend="reference",
+                                              gap_open=-11.0, gap_extend=-1.0)
+            assert score == pytest.approx(alone.item(), rel=1e-5, abs=1e-4)
+
+
 @pytest.mark.parametrize("t", [0.0, 1.0])
 def test_streamed_and_many_blocks_equal_resident(t):
     queries, sequences = search_set(seed=2, queries=4, sequences=120)
@@ -220,6 +250,30 @@ def test_search_rows_are_the_top_of_align_all_vs_all(search_files, capsys, t):
     assert [r[:4] for r in rows[1:]] == [r[:4] for r in expected]
     for got, want in zip(rows[1:], expected):
         assert float(got[4]) == pytest.approx(float(want[4]), rel=1e-5, abs=1e-4)
+
+
+@pytest.mark.parametrize("t", ["0", "1"])
+def test_affine_search_rows_are_the_top_of_align_all_vs_all(search_files, capsys, t):
+    from swcli.testing import read_tsv
+
+    q, db = search_files
+    gaps = ["--gap-open", "-12", "--gap-extend", "-1"]
+    code, out, err = cli(["search", q, db, "-k", "3", "-t", t, "--backend", "cpu"] + gaps, capsys)
+    assert code == 0 and err == ""
+    _, every, _ = cli(["align", q, db, "--all-vs-all", "-t", t, "--backend", "cpu", "--no-header"] + gaps, capsys)
+    by_query: dict[str, list] = {}
+    for k, row in enumerate(read_tsv(every)):
+        by_query.setdefault(row[0], []).append((-float(row[4]), k % 43, row))
+    expected = [row for query in by_query for _, _, row in sorted(by_query[query], key=lambda x: x[:2])[:3]]
+    rows = read_tsv(out)[1:]
+    assert [r[:4] for r in rows] == [r[:4] for r in expected]
+    for got, want in zip(rows, expected, strict=True):
+        assert float(got[4]) == pytest.approx(float(want[4]), rel=1e-5, abs=1e-4)
+    # open == extend is the linear gap: the same output as --gap, byte for byte
+    _, linear, _ = cli(["search", q, db, "-k", "3", "-t", t, "--backend", "cpu", "--gap", "-3"], capsys)
+    _, equal, _ = cli(["search", q, db, "-k", "3", "-t", t, "--backend", "cpu", "--gap-open", "-3",
+                       "--gap-extend", "-3"], capsys)
+    assert equal == linear
 
 
 def test_makedb_then_search_equals_search_of_the_fasta(search_files, tmp_path, capsys):

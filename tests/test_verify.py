@@ -49,6 +49,59 @@ def test_verify_passes_on_the_cpu_engine(capsys):
     assert "largest absolute difference" in out and "largest relative difference" in out
 
 
+def test_verify_names_the_gaps_and_checks_affine_gaps_against_the_affine_loop(capsys):
+    code = main(["verify", EXAMPLE, "--sample", "3", "--quiet", "-t", "0", "--backend", "cpu", "--max-cells", "20000"])
+    assert code == 0 and "against the reference loop in float64, linear gap -4\n" in capsys.readouterr().out
+    for t in ("0", "1"):
+        code = main(["verify", EXAMPLE, "--sample", "3", "--quiet", "-t", t, "--backend", "cpu", "--max-cells",
+                     "20000", "--gap-open", "-12", "--gap-extend", "-1"])
+        out = capsys.readouterr().out
+        assert code == 0 and "OK: tolerance 0.0001" in out
+        assert "against the reference loop in float64, affine gaps: open -12, extend -1\n" in out
+    # --gap-extend alone: BLAST's existence cost 11 for BLOSUM62 on top of it
+    assert main(["verify", EXAMPLE, "--sample", "2", "--quiet", "--backend", "cpu", "--max-cells", "20000",
+                 "--gap-extend", "-2"]) == 0
+    assert "affine gaps: open -13, extend -2" in capsys.readouterr().out
+
+
+class _Bar:
+    """A progress bar that shows nothing."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n):
+        pass
+
+
+def test_verify_compares_affine_scores_with_the_affine_reference(monkeypatch):
+    """Both sides get the run's gaps: the reference side is the affine loop, in float64."""
+    import torch
+
+    from swcli import verify
+    from swcli.fasta import read_fasta
+    from swcli.pipeline import Settings
+    from swcli.scoring import load_matrix
+
+    seen = []
+    real = swcli.pipeline.score_checked_codes
+
+    def recording(*args, **kwargs):
+        seen.append((args[7], args[2].dtype, kwargs.get("gap_open"), kwargs.get("gap_extend")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(swcli.pipeline, "score_checked_codes", recording)
+    records = list(read_fasta(EXAMPLE))
+    pairs = list(zip(records[0::2], records[1::2]))
+    settings = Settings(load_matrix("BLOSUM62"), None, 0.0, "cpu", gap_open=-12.0, gap_extend=-1.0)
+    report = verify.verify_pairs(iter(pairs), settings, 2, 0, 20_000, lambda total: _Bar())
+    assert report.worst_relative == 0.0 and report.gaps == "affine gaps: open -12, extend -1"
+    assert ("cpu", torch.float32, -12.0, -1.0) in seen and ("reference", torch.float64, -12.0, -1.0) in seen
+
+
 def test_verify_fails_when_the_backend_is_off(tmp_path, capsys, monkeypatch):
     real = swcli.pipeline.score_checked_codes
 
