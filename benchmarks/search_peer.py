@@ -182,7 +182,7 @@ def run_peer(peer: str, queries: str, fasta: str, work: Path, timeout: float) ->
     started = time.perf_counter()
     # its own process group, so that a timeout ends the build's compilers too, not the script alone
     child = subprocess.Popen(["bash", peer, queries, fasta, str(GAP), str(GAP), str(work)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+                             stderr=subprocess.STDOUT, process_group=0)
     try:
         output, _ = child.communicate(timeout=timeout)
         code = child.returncode

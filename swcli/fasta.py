@@ -524,6 +524,9 @@ def chunks_all_against_all(queries: str, targets: str, size: int) -> Iterator[Pa
             yield PairChunk(query_records, flat // count, target_records, flat % count)
 
 
+RECORD_PAIRS_CHUNK = 4096  # pairs read at a time behind the record-by-record iterators below
+
+
 def _pairs_of(chunks: Iterator[PairChunk]) -> Iterator[tuple[FastaRecord, FastaRecord]]:
     for chunk in chunks:
         for k in range(len(chunk)):
@@ -532,14 +535,14 @@ def _pairs_of(chunks: Iterator[PairChunk]) -> Iterator[tuple[FastaRecord, FastaR
 
 def pairs_in_two_files(queries: str, targets: str) -> Iterator[tuple[FastaRecord, FastaRecord]]:
     """Record i of QUERIES with record i of TARGETS, as records (verify samples them one by one)."""
-    return _pairs_of(chunks_in_two_files(queries, targets, 4096))
+    return _pairs_of(chunks_in_two_files(queries, targets, RECORD_PAIRS_CHUNK))
 
 
 def pairs_in_one_file(path: str) -> Iterator[tuple[FastaRecord, FastaRecord]]:
     """Records 1 with 2, 3 with 4, ..., as records."""
-    return _pairs_of(chunks_in_one_file(path, 4096))
+    return _pairs_of(chunks_in_one_file(path, RECORD_PAIRS_CHUNK))
 
 
 def all_against_all(queries: str, targets: str) -> Iterator[tuple[FastaRecord, FastaRecord]]:
     """Every query against every target, as records."""
-    return _pairs_of(chunks_all_against_all(queries, targets, 4096))
+    return _pairs_of(chunks_all_against_all(queries, targets, RECORD_PAIRS_CHUNK))
