@@ -1,5 +1,6 @@
 """swcli search beside CUDASW++4.0 on one GPU, in one run: the same queries and database, BLOSUM62, linear
-gap -4 (CUDASW4's --gop -4 --gex -4), top 10.
+gap -4 (CUDASW4's --gop -4 --gex -4) or affine gaps (--gap-open -11 --gap-extend -1: CUDASW4's --gop -11
+--gex -1, Biopython's open_gap_score, extend_gap_score), top 10.
 
 1. `swcli makedb` prepares the database: timed, the folder's size stated.
 2. In this process, the CUDA engine is loaded first (start-up is not timed) and a two-query search warms
@@ -7,13 +8,14 @@ gap -4 (CUDASW4's --gop -4 --gex -4), top 10.
    GCUPS: cells over the CUDA-event time of the scoring calls; end to end: cells over run_search's whole
    time (queries read, database opened, searched, TSV written); their ratio; the peak GPU memory (also of
    the warm-up's two queries: memory does not grow with the queries); the database's footprint.
-3. The peer: `bash PEER QUERIES DB -4 -4 WORK` (it builds CUDASW4 on first use, then runs its makedb and
+3. The peer: `bash PEER QUERIES DB OPEN EXTEND WORK` (it builds CUDASW4 on first use, then runs its makedb and
    align --verbose --tsv). Its GCUPS come from its log, its top-10 scores per query from its TSV, compared
    with swcli's at t = 0 as multisets (the two break ties between equal scores differently).
 4. A markdown table, printed last, and the JSON record OUTDIR/search_peer.json. A failing peer leaves
    swcli's figures and the peer's log tail in both.
 
     python3 benchmarks/search_peer.py QUERIES.fasta DB.fasta OUTDIR [--work DIR] [--peer SCRIPT]
+                                      [--gap-open O --gap-extend E]
     python3 benchmarks/search_peer.py --check      # the parsers on inline samples, no GPU
 
 The TSVs and logs go to --work (default /tmp/search_peer), so that OUTDIR holds the record alone.
@@ -126,7 +128,8 @@ def makedb(fasta: str, folder: Path) -> dict:
     return {"seconds": seconds, "folder_bytes": folder_bytes(folder), "message": done.stderr.strip()}
 
 
-def swcli_runs(queries: str, fasta: str, folder: Path, work: Path, backend: str) -> tuple[list[dict], dict]:
+def swcli_runs(queries: str, fasta: str, folder: Path, work: Path, backend: str,
+               gaps: tuple[float, float]) -> tuple[list[dict], dict]:
     """The in-process searches: a warm-up, then each temperature against the folder and the FASTA."""
     import torch
 
@@ -147,7 +150,9 @@ def swcli_runs(queries: str, fasta: str, folder: Path, work: Path, backend: str)
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        stats = run_search(query_file, source, Settings(matrix, GAP, t, backend), str(tsv), top=TOP)
+        settings = (Settings(matrix, gaps[0], t, backend) if gaps[0] == gaps[1] else
+                    Settings(matrix, None, t, backend, gap_open=gaps[0], gap_extend=gaps[1]))
+        stats = run_search(query_file, source, settings, str(tsv), top=TOP)
         return {"t": t, "database": "folder" if source == str(folder) else "fasta", "tsv": str(tsv),
                 "queries": stats.queries, "cells": stats.cells, "kernel_seconds": stats.kernel_seconds,
                 "seconds": stats.seconds, "kernel_gcups": stats.kernel_gcups, "gcups": stats.gcups,
@@ -177,11 +182,12 @@ def swcli_runs(queries: str, fasta: str, folder: Path, work: Path, backend: str)
     return runs, machine
 
 
-def run_peer(peer: str, queries: str, fasta: str, work: Path, timeout: float) -> dict:
+def run_peer(peer: str, queries: str, fasta: str, work: Path, timeout: float, gaps: tuple[float, float]) -> dict:
     built_before = os.path.exists("/tmp/cudasw4-build/align")
     started = time.perf_counter()
     # its own process group, so that a timeout ends the build's compilers too, not the script alone
-    child = subprocess.Popen(["bash", peer, queries, fasta, str(GAP), str(GAP), str(work)], stdout=subprocess.PIPE,
+    child = subprocess.Popen(["bash", peer, queries, fasta, f"{gaps[0]:g}", f"{gaps[1]:g}", str(work)],
+                             stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, process_group=0)
     try:
         output, _ = child.communicate(timeout=timeout)
@@ -191,7 +197,7 @@ def run_peer(peer: str, queries: str, fasta: str, work: Path, timeout: float) ->
         output, _ = child.communicate()
         code = "timeout"
     output = output.decode(errors="replace")
-    record = {"command": f"bash {peer} {queries} {fasta} {GAP:g} {GAP:g} {work}", "exit": code,
+    record = {"command": f"bash {peer} {queries} {fasta} {gaps[0]:g} {gaps[1]:g} {work}", "exit": code,
               "wall_seconds": time.perf_counter() - started, "built_before": built_before}
     log, tsv = work / "cudasw4.log", work / "cudasw4.tsv"
     record.update(parse_peer_log(log.read_text(errors="replace")) if log.exists() else {})
@@ -219,7 +225,8 @@ def table(record: dict) -> str:
                      f"{p['total_gcups']:,.1f} | - | - |")
     else:
         lines.append("| CUDASW++4.0 | 0 | - | failed: see the record's log tail | | | | | |")
-    notes = []
+    notes = [f"BLOSUM62, gap open {record.get('gap_open', GAP):g}, extend {record.get('gap_extend', GAP):g} "
+             "(scores; equal: a linear gap), top {TOP}".replace("{TOP}", str(TOP))]
     if "makedb" in record:
         m = record["makedb"]
         notes.append(f"swcli makedb (the whole command): {m['seconds']:.2f} s, folder {m['folder_bytes'] / 2**20:,.1f} MiB")
@@ -258,8 +265,11 @@ def main(argv=None) -> int:
     parser.add_argument("--peer", default=".peer/peer-cudasw4")
     parser.add_argument("--peer-timeout", type=float, default=420.0)
     parser.add_argument("--backend", default="cuda", help="cuda; cpu only to try the script on a small database")
+    parser.add_argument("--gap-open", type=float, default=GAP, help="the score of a gap's first position")
+    parser.add_argument("--gap-extend", type=float, default=GAP, help="the score of each further gap position")
     parser.add_argument("--check", action="store_true", help="test the parsers on inline samples and exit")
     args = parser.parse_args(argv)
+    gaps = (args.gap_open, args.gap_extend)
     if args.check:
         return self_check()
     if not (args.queries and args.database and args.outdir):
@@ -267,8 +277,8 @@ def main(argv=None) -> int:
     outdir, work = Path(args.outdir), Path(args.work)
     outdir.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    record: dict = {"queries": args.queries, "database": args.database, "top": TOP, "gap": GAP,
-                    "matrix": "BLOSUM62"}
+    record: dict = {"queries": args.queries, "database": args.database, "top": TOP, "gap_open": gaps[0],
+                    "gap_extend": gaps[1], "matrix": "BLOSUM62"}
     folder = work / "db.swcli"
     try:
         from swcli import _host
@@ -276,7 +286,8 @@ def main(argv=None) -> int:
         _host.load()  # built before makedb is timed, if it has to be
         record["makedb"] = makedb(args.database, folder)
         print(f"makedb: {record['makedb']['seconds']:.2f} s, {record['makedb']['folder_bytes']:,} bytes", flush=True)
-        record["swcli"], record["machine"] = swcli_runs(args.queries, args.database, folder, work, args.backend)
+        record["swcli"], record["machine"] = swcli_runs(args.queries, args.database, folder, work, args.backend,
+                                                        gaps)
         record["cells"] = record["swcli"][0]["cells"]
         tsvs = {(r["t"], r["database"]): Path(r["tsv"]).read_text() for r in record["swcli"]}
         record["folder_equals_fasta"] = {f"t={t:g}": tsvs[(t, "folder")] == tsvs[(t, "fasta")] for t in (0.0, 1.0)}
@@ -284,7 +295,7 @@ def main(argv=None) -> int:
         record["swcli_error"] = f"{type(exc).__name__}: {exc}"
         print(f"swcli failed: {record['swcli_error']}", flush=True)
     print(f"peer: {args.peer} ...", flush=True)
-    record["cudasw4"] = run_peer(args.peer, args.queries, args.database, work, args.peer_timeout)
+    record["cudasw4"] = run_peer(args.peer, args.queries, args.database, work, args.peer_timeout, gaps)
     p = record["cudasw4"]
     if p.get("error"):
         print(f"CUDASW++4.0 failed (exit {p['exit']}); its log's tail:\n{p['log_tail']}\n{p['output_tail']}", flush=True)

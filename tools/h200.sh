@@ -16,7 +16,8 @@
 #     host       host time per call of the op and the operators (benchmarks/profile_workloads.py host)
 #     clocks     SM clock, power and throttle reasons under the dense forward
 #     search     swcli search beside CUDASW++4.0 (benchmarks/search_peer.py; record in $OUT/search): CUDASW4's
-#                20 queries against make-db's 100,000 sequences; about 5 minutes, CUDASW4's build included
+#                20 queries against make-db's 100,000 sequences; about 5 minutes, CUDASW4's build included;
+#                gap -4, or affine with GAP_OPEN and GAP_EXTEND (e.g. -11 and -1)
 # Needs the biopython wheel in .whl/ and .bench/proteins.fasta (250 real proteins) in the tree; search also
 # needs .peer/ (the peers folder: peer-cudasw4, cudasw4/, zlib1g-dev.deb) with make-db in .peer/tools/.
 set -o pipefail
@@ -89,6 +90,18 @@ for B, M, N, lengths in ((64, 300, 256, False), (200, 30, 200, True), (40, 90, 2
 S = torch.randn(1100, 40, 300, generator=g).cuda().requires_grad_()
 swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()
 swcli.soft_smith_waterman(S.detach(), -1.0, 1.0)
+# affine gaps: forward + backward (1 and 4 columns per lane, several tiles, lengths), scores from codes with
+# transposed and relayed pairs (1, 4 and 8 columns per lane), t = 0 and 1, and t = 0.05 (separate cells)
+for B, M, N in [(5, 37, 70), (1100, 9, 300), (3, 1, 1)]:
+    S = torch.randn(B, M, N, generator=g).cuda().requires_grad_()
+    q = torch.randint(0, M + 1, (B,), generator=g).cuda(); tl = torch.randint(0, N + 1, (B,), generator=g).cuda()
+    for temp in (0.0, 1.0, 0.05):
+        swcli.soft_smith_waterman(S, None, temp, q, tl, gap_open=-3.0, gap_extend=-0.5).sum().backward()
+        swcli.soft_smith_waterman(S.detach(), None, temp, q, tl, gap_open=-3.0, gap_extend=-0.5)
+for temp in (0.0, 1.0):
+    for lanes in (1, 4, 8):
+        torch.ops.swcli.affine_scores_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), qlen.cuda(), tlen.cuda(),
+                                            -11.0, -1.0, temp, lane_columns=lanes)
 torch.cuda.synchronize(); print("small case done")
 PY
       for tool in memcheck racecheck; do
@@ -155,7 +168,8 @@ rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), ${E2E_PAIRS:-1000000}
       python3 .peer/tools/make-db /tmp/search_db.fasta && md5sum .peer/data/proteins.fasta /tmp/search_db.fasta \
         && echo "make-db: $(( $(date +%s) - started )) s" \
         && timeout 540 python3 benchmarks/search_peer.py .peer/cudasw4/allqueries.fasta /tmp/search_db.fasta \
-             "$OUT/search" --work /tmp/search_work --peer .peer/peer-cudasw4 2>&1 | tee "$OUT/search_peer.txt" | tail -40
+             "$OUT/search" --work /tmp/search_work --peer .peer/peer-cudasw4 --gap-open ${GAP_OPEN:--4} \
+             --gap-extend ${GAP_EXTEND:--4} 2>&1 | tee "$OUT/search_peer.txt" | tail -40
       echo "search: $(( $(date +%s) - started )) s" ;;
     *)
       echo "unknown stage $stage; see the stages at the top of $0" >&2; exit 2 ;;

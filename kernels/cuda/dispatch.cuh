@@ -63,3 +63,18 @@
       return __VA_ARGS__();                                                          \
     }                                                                                \
   }()
+
+// The affine cell's form (AffineMode in affine.cuh): hard (t = 0), shared powers, else separate cells.
+#define SWCLI_AFFINE_MODE_SWITCH(MODE_VALUE, NAME, ...) \
+  [&] {                                                 \
+    if ((MODE_VALUE) == 0) {                            \
+      constexpr static int NAME = 0;                    \
+      return __VA_ARGS__();                             \
+    } else if ((MODE_VALUE) == 1) {                     \
+      constexpr static int NAME = 1;                    \
+      return __VA_ARGS__();                             \
+    } else {                                            \
+      constexpr static int NAME = 2;                    \
+      return __VA_ARGS__();                             \
+    }                                                   \
+  }()

@@ -86,5 +86,36 @@ cudaError_t sw_cuda_rows_forward(const Problem& pr, const float* S, float* score
                                  float* boundary, int* failed, double gap, double t, cudaStream_t stream);
 cudaError_t sw_cuda_rows_backward(const Problem& pr, const float* grad_scores, const float* S, const float* kept,
                                   const int64_t* best_row, float* grad_S, double gap, double t, cudaStream_t stream);
+// Affine gaps (soft Gotoh, affine.cuh), in log space: open gap_open and extend gap_extend, gap_open <=
+// gap_extend <= 0. Dense S (lane_columns 1 or 4): scores (B,), and with state non-null also the state the
+// backward reads, sw_cuda_affine_state_size values (M, X and Y of every cell in wavefront order), and
+// best_at (B,) as in sw_cuda_forward_f32. boundary: (B, M, 2) values where N exceeds
+// sw_cuda_tile_columns(lane_columns), else null.
+int64_t sw_cuda_affine_state_size(int64_t B, int64_t M, int64_t N, int lane_columns);
+cudaError_t sw_cuda_affine_forward_f32(const Problem& pr, const float* S, float* scores, float* state,
+                                       int64_t* best_at, float* boundary, double gap_open, double gap_extend,
+                                       double t, int lane_columns, cudaStream_t stream);
+cudaError_t sw_cuda_affine_forward_f64(const Problem& pr, const double* S, double* scores, double* state,
+                                       int64_t* best_at, double* boundary, double gap_open, double gap_extend,
+                                       double t, int lane_columns, cudaStream_t stream);
+// Scores (B,) of code pairs as sw_cuda_forward_codes takes them (lane_columns 1, 4 or 8; with 4 or 8 a pair
+// may be scored transposed, so boundary (B, M, 2) is needed once max(M, N) exceeds a tile). relaying, if
+// not null, gives the longest pairs a block of sw_cuda_affine_relay_warps() warps each; its relay buffer
+// holds (max_coop, sw_cuda_affine_relay_warps() + 1, M, 2) floats. At t > 0 pairs take the scaled sweep
+// where the matrix's tables of powers fit shared_limit bytes (3 K^2 floats), as in sw_cuda_forward_codes.
+int sw_cuda_affine_relay_warps();
+cudaError_t sw_cuda_affine_forward_codes(const Problem& pr, const uint8_t* query, int64_t query_stride,
+                                         const uint8_t* target, const float* matrix, int K, float* scores,
+                                         float* boundary, double gap_open, double gap_extend, double t,
+                                         int lane_columns, cudaStream_t stream, const Relaying* relaying,
+                                         int64_t shared_limit);
+// grad_S (B, M, N), every element written, from the state and best_at of the affine forward (the same
+// lane_columns). boundary: (B, M, 2) values where N exceeds a tile, else null (t > 0 only).
+cudaError_t sw_cuda_affine_backward_f32(const Problem& pr, const float* grad_scores, const float* state,
+                                        const int64_t* best_at, float* grad_S, float* boundary, double gap_open,
+                                        double gap_extend, double t, int lane_columns, cudaStream_t stream);
+cudaError_t sw_cuda_affine_backward_f64(const Problem& pr, const double* grad_scores, const double* state,
+                                        const int64_t* best_at, double* grad_S, double* boundary, double gap_open,
+                                        double gap_extend, double t, int lane_columns, cudaStream_t stream);
 // An empty kernel: the launch-overhead yardstick of `swcli bench`.
 cudaError_t sw_cuda_empty(cudaStream_t stream);

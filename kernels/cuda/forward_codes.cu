@@ -9,45 +9,6 @@
 namespace swcli_cuda {
 namespace {
 
-// The codes kernels first stage the matrix in shared memory (all warps of the block share it), and for
-// the scaled sweep (soft, 4 or 8 columns per lane) two tables behind it: P = 2^(m c) of each entry m, and P
-// 2^-bias, where 2^bias is the power of 2 above the largest P. The second is for the lanes' first column,
-// whose diagonal factor is kept times 2^bias (forward_tiles_scaled). A block scales only if every P is
-// at most 2^60 and every P 2^-bias a normal float (the same test in every block: it depends on the
-// matrix and t alone); otherwise, or where the caller disallows it, every pair takes the log-space
-// sweep. Returns the bias, or -1 for the log-space sweep.
-template <bool SCALED>
-__device__ int stage_matrix(float* shared, const float* matrix, int K, const Scaled& sc) {
-  const bool scaling = SCALED && sc.allowed;  // else the shared memory holds the matrix alone
-  __shared__ unsigned largest;  // the bits of the largest P (positive floats order as their bits)
-  if (scaling) {
-    if (threadIdx.x == 0) largest = 0;
-    __syncthreads();
-  }
-  bool in_range = scaling;
-  unsigned mine = 0;
-  for (int x = threadIdx.x; x < K * K; x += blockDim.x) {
-    const float m = matrix[x];
-    shared[x] = m;
-    if (scaling) {
-      const float p = float(exp2(double(m) * sc.c));  // rounded once
-      shared[K * K + x] = p;
-      in_range = in_range && p <= 0x1p60f;  // false for a NaN
-      mine = max(mine, __float_as_uint(p));
-    }
-  }
-  if (scaling) atomicMax(&largest, mine);
-  if (!__syncthreads_and(in_range)) return -1;
-  const int bias = max(int(largest >> 23) - 127 + 1, 0);
-  const float down = pow2_int(-bias);
-  for (int x = threadIdx.x; x < K * K; x += blockDim.x) {
-    const float p = shared[K * K + x] * down;
-    shared[2 * K * K + x] = p;
-    in_range = in_range && p >= 0x1p-126f;
-  }
-  return __syncthreads_and(in_range) ? bias : -1;
-}
-
 // Whether a block of the codes kernels with 8 columns per lane scales with them (see kWideLimit in
 // forward_scaled.cuh); else it takes 4 columns per lane at t > 0. The same in every block: it depends on
 // the matrix, t and gap.

@@ -8,6 +8,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <string>
 #include <tuple>
 
@@ -385,6 +388,200 @@ at::Tensor empty_launch(const at::Tensor& S) {
 
 
 // ---------------------------------------------------------------------------------------------------
+// Affine gaps (affine.cuh, engine.h): log space, dense float32/float64 with or without the state for the
+// backward, and float32 scores from codes.
+
+// A double as printf's %g writes it, as the CPU engine's messages do.
+std::string number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", x);
+  return text;
+}
+
+// What is wrong with the gaps or the temperature of an affine call, or "": the operators can be called
+// past the Python checks, and the recurrence is defined for finite gap_open <= gap_extend <= 0 only.
+std::string affine_settings_error(double gap_open, double gap_extend, double temperature) {
+  if (!(std::isfinite(gap_open) && std::isfinite(gap_extend) && gap_open <= gap_extend && gap_extend <= 0))
+    return "affine gaps need finite scores with gap_open <= gap_extend <= 0, got gap_open = " + number(gap_open) +
+           ", gap_extend = " + number(gap_extend);
+  if (!(temperature >= 0)) return "temperature must be >= 0, got " + number(temperature);
+  return "";
+}
+
+// The per-pair buffer of (H, X) pairs (forward) or of two adjoints (backward) that carries a tile's
+// column to the next tile: (B, M, 2) values where a pair's columns pass one tile of R columns per lane.
+at::Tensor affine_boundary(int64_t B, int64_t M, int64_t columns, int R, const at::TensorOptions& o) {
+  return columns > sw_cuda_tile_columns(R) ? at::empty({B, M, 2}, o) : at::Tensor();
+}
+
+// (scores (B,), state (flat), best_at (B,) or undefined) of dense S; the state is empty unless keep_state.
+std::vector<at::Tensor> affine_dense_forward(const at::Tensor& S_in, const std::optional<at::Tensor>& qlen,
+                                             const std::optional<at::Tensor>& tlen, double gap_open,
+                                             double gap_extend, double temperature, int64_t lane_columns,
+                                             bool keep_state) {
+  TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
+  TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
+              std::string("the CUDA engine takes float32 or float64, got ") + c10::toString(S_in.scalar_type()));
+  const std::string settings = affine_settings_error(gap_open, gap_extend, temperature);
+  TORCH_CHECK(settings.empty(), settings);
+  const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false);
+  TORCH_CHECK(error.empty(), error);
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const at::Tensor S = S_in.contiguous();
+  const int R = lane_columns_for(B, lane_columns, false);
+  const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S.device(), R, sw_cuda_tile_columns(R), false);
+  const Problem pr = problem(B, M, N, lengths);
+  const at::Tensor boundary = affine_boundary(B, M, N, R, S.options());
+  at::Tensor scores = at::empty({B}, S.options());
+  at::Tensor state = at::empty({keep_state ? sw_cuda_affine_state_size(B, M, N, R) : 0}, S.options());
+  at::Tensor best_at;
+  if (keep_state) best_at = at::empty({B}, S.options().dtype(at::kLong));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (M == 0 || N == 0) {
+    scores.zero_();
+    if (keep_state) best_at.fill_(-1);
+  } else if (S.scalar_type() == at::kFloat) {
+    SWCLI_CHECK_CUDA(sw_cuda_affine_forward_f32(pr, S.data_ptr<float>(), scores.data_ptr<float>(),
+                                                keep_state ? state.data_ptr<float>() : nullptr,
+                                                ptr_or_null<int64_t>(best_at), ptr_or_null<float>(boundary), gap_open,
+                                                gap_extend, temperature, R, stream),
+                     "affine forward");
+  } else {
+    SWCLI_CHECK_CUDA(sw_cuda_affine_forward_f64(pr, S.data_ptr<double>(), scores.data_ptr<double>(),
+                                                keep_state ? state.data_ptr<double>() : nullptr,
+                                                ptr_or_null<int64_t>(best_at), ptr_or_null<double>(boundary),
+                                                gap_open, gap_extend, temperature, R, stream),
+                     "affine forward");
+  }
+  return {scores, state, best_at};
+}
+
+at::Tensor op_affine_scores(const at::Tensor& S, const std::optional<at::Tensor>& qlen,
+                            const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
+                            double temperature, int64_t lane_columns) {
+  return affine_dense_forward(S, qlen, tlen, gap_open, gap_extend, temperature, lane_columns, false)[0];
+}
+
+// (scores, state, best): the state is M, X and Y of every cell in the kernels' wavefront order (its size
+// depends on the columns per lane: only the engine reads it), best the row-major index of each pair's
+// first maximal cell, -1 for the zero border.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> op_affine_forward(const at::Tensor& S,
+                                                                 const std::optional<at::Tensor>& qlen,
+                                                                 const std::optional<at::Tensor>& tlen,
+                                                                 double gap_open, double gap_extend,
+                                                                 double temperature, int64_t lane_columns) {
+  std::vector<at::Tensor> r =
+      affine_dense_forward(S, qlen, tlen, gap_open, gap_extend, temperature, lane_columns, true);
+  return {r[0], r[1], r[2]};
+}
+
+// Scores (B,) float32 of uint8 code pairs with affine gaps, as forward_codes takes them.
+at::Tensor op_affine_scores_codes(const at::Tensor& query_in, const at::Tensor& target_in, const at::Tensor& matrix_in,
+                                  const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
+                                  double gap_open, double gap_extend, double temperature, int64_t lane_columns) {
+  TORCH_CHECK(query_in.is_cuda() && target_in.is_cuda() && matrix_in.is_cuda(),
+              "the CUDA engine needs codes and matrix on a CUDA device");
+  TORCH_CHECK(query_in.dim() == 2 && target_in.dim() == 2 && query_in.size(0) == target_in.size(0) &&
+                  query_in.scalar_type() == at::kByte && target_in.scalar_type() == at::kByte,
+              "codes must be uint8 tensors of shapes (B, M) and (B, N)");
+  TORCH_CHECK(matrix_in.dim() == 2 && matrix_in.size(0) == matrix_in.size(1), "the matrix must be square");
+  const std::string settings = affine_settings_error(gap_open, gap_extend, temperature);
+  TORCH_CHECK(settings.empty(), settings);
+  const int64_t B = query_in.size(0), M = query_in.size(1), N = target_in.size(1);
+  const std::string error = batch_error(B, M, N, qlen, tlen, query_in.device(), lane_columns, true);
+  TORCH_CHECK(error.empty(), error);
+  const c10::cuda::CUDAGuard guard(query_in.device());
+  const int64_t K = matrix_in.size(0);
+  const int64_t smem_limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  TORCH_CHECK(smem_limit > 0, "swcli CUDA engine: the device's shared memory per block is unknown");
+  TORCH_CHECK(K * K * int64_t(sizeof(float)) + 128 <= smem_limit,
+              "a " + std::to_string(K) + " x " + std::to_string(K) + " matrix does not fit in the GPU's shared " +
+                  "memory (" + std::to_string(smem_limit) + " bytes per block)");
+  // one query row shared by every pair (stride 0) is read in place, as in forward_codes
+  const bool shared_query = B > 1 && query_in.stride(0) == 0 && (M <= 1 || query_in.stride(1) == 1);
+  const at::Tensor query = shared_query ? query_in : query_in.contiguous(), target = target_in.contiguous();
+  const int64_t query_stride = shared_query ? 0 : M;
+  const at::Tensor matrix = matrix_in.to(at::kFloat).contiguous();
+  const int R = lane_columns_for(B, lane_columns, true);
+  const Lengths l = lengths_for(qlen, tlen, B, M, N, matrix.device(), R, sw_cuda_tile_columns(std::min(R, 4)), true);
+  const Problem pr = problem(B, M, N, l);
+  // pairs in lanes of 4 or 8 columns may be transposed: columns up to max(M, N), rows up to M
+  const at::Tensor boundary = affine_boundary(B, M, R >= 4 ? std::max(M, N) : N, R, matrix.options());
+  at::Tensor scores = at::empty({B}, matrix.options());
+  if (M == 0 || N == 0) return scores.zero_();
+  Relaying relaying{};
+  at::Tensor coop_count, relay;
+  if (R >= 4 && l.order.defined() && boundary.defined()) {
+    const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+    TORCH_CHECK(sms > 0, "swcli CUDA engine: the device's number of SMs is unknown");
+    relaying.max_coop = std::min<int64_t>(B, 2 * int64_t(sms));
+    coop_count = at::empty({1}, matrix.options().dtype(at::kLong));
+    SWCLI_CHECK_CUDA(sw_cuda_coop_count(l.work.data_ptr<int>(), l.order.data_ptr<int64_t>(), relaying.max_coop,
+                                        int(kRelayMinWork), coop_count.data_ptr<int64_t>(),
+                                        c10::cuda::getCurrentCUDAStream()),
+                     "counting the relayed pairs");
+    relay = at::empty({relaying.max_coop, sw_cuda_affine_relay_warps() + 1, M, 2}, matrix.options());
+    relaying.coop_count = coop_count.data_ptr<int64_t>();
+    relaying.relay = relay.data_ptr<float>();
+  }
+  SWCLI_CHECK_CUDA(sw_cuda_affine_forward_codes(pr, query.data_ptr<uint8_t>(), query_stride, target.data_ptr<uint8_t>(),
+                                                matrix.data_ptr<float>(), int(K), scores.data_ptr<float>(),
+                                                ptr_or_null<float>(boundary), gap_open, gap_extend, temperature, R,
+                                                c10::cuda::getCurrentCUDAStream(), relaying.relay ? &relaying : nullptr,
+                                                smem_limit),
+                   "affine forward_codes");
+  return scores;
+}
+
+// grad_S (B, M, N) from op_affine_forward's state and best (the same lane_columns).
+at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& state,
+                              const at::Tensor& best, const std::optional<at::Tensor>& qlen,
+                              const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
+                              double temperature, int64_t lane_columns) {
+  TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
+  TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
+              std::string("the CUDA engine takes float32 or float64, got ") + c10::toString(S_in.scalar_type()));
+  const std::string settings = affine_settings_error(gap_open, gap_extend, temperature);
+  TORCH_CHECK(settings.empty(), settings);
+  const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false);
+  TORCH_CHECK(error.empty(), error);
+  const int R = lane_columns_for(B, lane_columns, false);
+  const int64_t size = sw_cuda_affine_state_size(B, M, N, R);
+  TORCH_CHECK(state.device() == S_in.device() && state.dim() == 1 && state.numel() == size &&
+                  state.scalar_type() == S_in.scalar_type() && state.is_contiguous(),
+              "state does not match the score matrix: it must be the affine forward's state, " + std::to_string(size) +
+                  " values of S's dtype on its device (from affine_forward with the same lane_columns)");
+  TORCH_CHECK(best.device() == S_in.device() && best.numel() == B && best.scalar_type() == at::kLong,
+              "best does not match the score matrix: it must be the affine forward's (B,) int64 best cells");
+  TORCH_CHECK(grad_scores.device() == S_in.device() && grad_scores.numel() == B,
+              "grad_scores must hold " + std::to_string(B) + " values on the scores' device");
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S_in.device(), R, sw_cuda_tile_columns(R), false);
+  const Problem pr = problem(B, M, N, lengths);
+  const at::Tensor grad = grad_scores.to(S_in.scalar_type()).contiguous();
+  const at::Tensor best_at = best.contiguous();
+  const at::Tensor boundary = affine_boundary(B, M, N, R, S_in.options());
+  at::Tensor grad_S = at::empty({B, M, N}, S_in.options());  // the kernels write every element
+  if (M == 0 || N == 0) return grad_S;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (S_in.scalar_type() == at::kFloat)
+    SWCLI_CHECK_CUDA(sw_cuda_affine_backward_f32(pr, grad.data_ptr<float>(), state.data_ptr<float>(),
+                                                 best_at.data_ptr<int64_t>(), grad_S.data_ptr<float>(),
+                                                 ptr_or_null<float>(boundary), gap_open, gap_extend, temperature, R,
+                                                 stream),
+                     "affine backward");
+  else
+    SWCLI_CHECK_CUDA(sw_cuda_affine_backward_f64(pr, grad.data_ptr<double>(), state.data_ptr<double>(),
+                                                 best_at.data_ptr<int64_t>(), grad_S.data_ptr<double>(),
+                                                 ptr_or_null<double>(boundary), gap_open, gap_extend, temperature, R,
+                                                 stream),
+                     "affine backward");
+  return grad_S;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // The registered entry points (schemas in swcli/ops.py).
 
 // scores and scores_codes, and their counted variants, which return the number of pairs the scaled sweep
@@ -477,4 +674,8 @@ TORCH_LIBRARY_IMPL(swcli, CUDA, m) {
   m.impl("forward", &op_forward);
   m.impl("backward", &op_backward);
   m.impl("empty_launch", &empty_launch);
+  m.impl("affine_scores", &op_affine_scores);
+  m.impl("affine_scores_codes", &op_affine_scores_codes);
+  m.impl("affine_forward", &op_affine_forward);
+  m.impl("affine_backward", &op_affine_backward);
 }
