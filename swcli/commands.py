@@ -6,6 +6,7 @@ neither torch nor the kernels): torch and the pipeline are imported inside the c
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import sys
@@ -92,6 +93,17 @@ OutputOpt = Annotated[Optional[str], typer.Option(
                            "mode kept; nothing changes on failure or Ctrl-C); a symlink is written through, a "
                            "device or FIFO directly. Default stdout.", show_default=False)]
 HeaderOpt = Annotated[bool, typer.Option("--header/--no-header", help="Print the header line.")]
+FormatOpt = Annotated[str, typer.Option(
+    "--format-output", help="Columns, comma-separated, MMseqs2 names: query,target,qlen,tlen,score,qstart,qend,"
+                            "tstart,tend,alnlen,nident,fident,pident,mismatch,gapopen,gaps,cigar,qaln,taln,evalue,"
+                            "bits. The alignment columns describe one optimal alignment at t = 0 (same matrix and "
+                            "gaps); only the columns asked for are computed.")]
+LambdaOpt = Annotated[Optional[float], typer.Option(
+    "--lambda", show_default=False,
+    help="Karlin-Altschul lambda for evalue and bits, with --k (default: estimated once per matrix, gaps and "
+         "temperature from random sequences, and cached).")]
+KOpt = Annotated[Optional[float], typer.Option(
+    "--k", show_default=False, help="Karlin-Altschul K, with --lambda.")]
 
 
 def _resolve_backend(backend: Backend) -> str:
@@ -173,6 +185,42 @@ def _check_affine_backend(substitution, backend: str, gaps, temperature: float) 
     except ValueError as exc:
         raise SwcliError(f"the {backend} backend cannot score affine gaps (--gap-open, --gap-extend): {exc}; "
                          "use --backend cpu or --backend reference") from None
+
+
+def _columns(format_output: str, lambda_: Optional[float], k: Optional[float]) -> tuple[str, ...]:
+    """--format-output's columns, and --lambda/--k checked against them (usage errors, exit 2)."""
+    from swcli.details import STATISTICS_COLUMNS, parse_columns
+    from swcli.scoring import _usage_error
+
+    columns = parse_columns(format_output)
+    if (lambda_ is None) != (k is None):
+        raise _usage_error("--lambda and --k go together: give both, or neither to have them estimated")
+    for option, value in (("--lambda", lambda_), ("--k", k)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise typer.BadParameter(f"{value} is not a finite number > 0", param_hint=f"'{option}'")
+    if lambda_ is not None and not STATISTICS_COLUMNS & set(columns):
+        raise _usage_error("--lambda and --k are used only by the evalue and bits columns of --format-output")
+    return columns
+
+
+def _formatter(columns: tuple[str, ...], settings, lambda_: Optional[float], k: Optional[float], quiet: bool):
+    """The details' formatter of the columns (None for the default columns: the plain rows are written),
+    with lambda and K (given, cached or estimated now) where evalue or bits are asked for; their values go
+    to stderr unless --quiet."""
+    from swcli.details import DEFAULT_COLUMNS, STATISTICS_COLUMNS, Formatter
+
+    if columns == DEFAULT_COLUMNS:
+        return None
+    import torch
+
+    statistics = None
+    if STATISTICS_COLUMNS & set(columns):
+        from swcli.statistics import parameters, setting_name
+
+        statistics = parameters(settings, lambda_, k)
+        if not quiet:
+            typer.echo(f"swcli: Karlin-Altschul {statistics.describe()} for {setting_name(settings)}", err=True)
+    return Formatter(columns, settings, statistics, torch.get_num_threads())
 
 
 def _progress_shown(quiet: bool) -> bool:
@@ -259,14 +307,26 @@ def align(
     chunk_size: Annotated[int, typer.Option(
         "--chunk-size", min=1, help="Pairs read, scored and written at a time (bounds memory).")] = 16384,
     unknown_as: UnknownOpt = None,
+    format_output: FormatOpt = "query,target,qlen,tlen,score",
+    lambda_: LambdaOpt = None,
+    k: KOpt = None,
 ):
-    """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order)."""
+    """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order), or the
+    --format-output columns."""
     from swcli import _host
     from swcli.output import TsvWriter, chunk_rows
     from swcli.pipeline import Stats, align_chunks
 
+    columns = _columns(format_output, lambda_, k)
     settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend, chunk_size=chunk_size)
     _host.load()
+    formatter = _formatter(columns, settings, lambda_, k, quiet)
+    if formatter is not None:
+        from swcli.details import chunk_detail_rows
+
+        rows_of = lambda chunk, scores: chunk_detail_rows(formatter, chunk, scores)  # noqa: E731
+    else:
+        rows_of = chunk_rows
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
     chunks = _pair_chunks(queries, targets, all_vs_all, chunk_size)
     paths = _progress_inputs(queries, targets, all_vs_all)
@@ -277,14 +337,14 @@ def align(
     else:
         bar = _progress_bar(quiet, "pair")
     try:
-        with bar, TsvWriter(output, header) as writer:
+        with bar, TsvWriter(output, header, columns) as writer:
             def on_chunk(s: Stats) -> None:
                 bar.update((measure.done() if measure is not None else s.pairs) - bar.n)
                 bar.set_postfix_str(f"{s.pairs:,} pairs, {s.cells / max(s.seconds, 1e-9) / 1e9:.2f} GCUPS",
                                     refresh=False)
 
             for chunk, scores in align_chunks(chunks, settings, stats, on_chunk):
-                writer.write_bytes(chunk_rows(chunk, scores))
+                writer.write_bytes(rows_of(chunk, scores))
             if measure is not None:
                 bar.update(measure.total - bar.n)  # the files are read to their end
     except BrokenPipeError:
@@ -346,19 +406,25 @@ def search(
         "--max-memory", min=0, help="Bytes of padded database blocks kept on the device between queries; past "
                                     "it they are padded again for each query (the same hits).")] = 1 << 32,
     unknown_as: UnknownOpt = None,
+    format_output: FormatOpt = "query,target,qlen,tlen,score",
+    lambda_: LambdaOpt = None,
+    k: KOpt = None,
 ):
     """Search every query against every database sequence; write the best --top hits of each query as TSV:
-    query, target, qlen, tlen, score (queries in input order, hits by descending score)."""
+    query, target, qlen, tlen, score (queries in input order, hits by descending score), or the
+    --format-output columns."""
     from swcli import _host
     from swcli.search import check_inputs, run_search
 
     check_inputs(queries, database)
+    columns = _columns(format_output, lambda_, k)
     settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
     _host.load()
+    formatter = _formatter(columns, settings, lambda_, k, quiet)
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
     try:
         run_search(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
-                   progress=lambda total: _progress_bar(quiet, "query", total))
+                   progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(141) from None

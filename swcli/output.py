@@ -127,14 +127,16 @@ def _error(path, why: str) -> SwcliError:
 
 
 class TsvWriter:
-    """Context manager writing `query target qlen tlen score` rows; path None or '-' is stdout.
+    """Context manager writing TSV rows, `query target qlen tlen score` unless told other `columns` (the
+    header's names); path None or '-' is stdout.
 
     The header goes out with the first rows (or at the end, when there are none), so an error found in
     the first chunk of input leaves no output at all, not even on stdout.
     """
 
-    def __init__(self, path: str | None, header: bool = True):
+    def __init__(self, path: str | None, header: bool = True, columns: tuple[str, ...] = COLUMNS):
         self.path = None if path in (None, "-") else Path(path)
+        self.columns = columns
         self._given = "" if path is None else str(path)
         self.header = header
         self.mode: str | None = None  # stdout, direct, replace or in-place, once entered
@@ -246,7 +248,7 @@ class TsvWriter:
     def _start(self) -> None:
         self._started = True
         if self.header:
-            self._handle.write(("\t".join(COLUMNS) + "\n").encode())
+            self._handle.write(("\t".join(self.columns) + "\n").encode())
 
     def write(self, query: str, target: str, qlen: int, tlen: int, score: float) -> None:
         self.write_rows(((query, target, qlen, tlen, score),), flush=False)

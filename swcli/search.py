@@ -293,8 +293,9 @@ def open_database(path: str, matrix) -> Database:
 
 
 def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: int,
-                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None):
-    """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order.
+                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None, formatter=None):
+    """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order; with
+    a details.Formatter, each query's rows of its columns, formatted (bytes).
 
     queries: FASTA records, and query_codes their codes (the caller encodes them, checking every letter,
     before any output); settings: the pipeline's Settings (matrix, gaps, temperature, backend). The
@@ -307,6 +308,10 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
     stats = stats if stats is not None else SearchStats()
     length_of = np.empty(len(db), dtype=np.int64)
     length_of[db.index] = db.lengths
+    position_of = None  # the length order of each database sequence, for the details of hits
+    if formatter is not None:
+        position_of = np.empty(len(db), dtype=np.int64)
+        position_of[db.index] = np.arange(len(db))
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
                         settings.device, max_bytes=max_bytes, gap_open=settings.gap_open,
                         gap_extend=settings.gap_extend)
@@ -325,6 +330,11 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
             stats.queries += 1
             stats.cells += len(query.sequence) * db.residues
             stats.kernel_seconds += seconds
+            if formatter is not None:
+                from swcli.details import hit_detail_rows
+
+                yield hit_detail_rows(formatter, query, query_codes[k - 1], found, db, position_of)
+                continue
             yield [(query.id, db.ids[target], len(query.sequence), int(length_of[target]), score)
                    for score, target in zip(found.scores.tolist(), found.targets.tolist())]
         finished = True
@@ -338,15 +348,17 @@ def check_inputs(queries: str, database: str) -> None:
 
 
 def run_search(queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
-               header: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, progress=None) -> SearchStats:
+               header: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, progress=None,
+               formatter=None) -> SearchStats:
     """`swcli search` as a function: read and check the queries, open the database (a FASTA file or a
     makedb folder), search, write the TSV to `output` (None: stdout). settings: the pipeline's Settings,
     its engine already loaded, so that start-up stays out of the returned SearchStats (seconds run from
-    the queries' reading to the output's completion). progress(total), if given, makes the bar."""
+    the queries' reading to the output's completion). progress(total), if given, makes the bar.
+    formatter: a details.Formatter for other columns than the default ones (computed for the hits only)."""
     from contextlib import nullcontext
 
     from swcli.fasta import read_fasta
-    from swcli.output import TsvWriter
+    from swcli.output import COLUMNS, TsvWriter
 
     check_inputs(queries, database)
     stats = SearchStats()
@@ -355,9 +367,13 @@ def run_search(queries: str, database: str, settings, output: str | None = None,
     stats.total = len(records)
     db = open_database(database, settings.matrix)
     interrupt.check()
-    with (progress(len(records)) if progress else nullcontext()) as bar, TsvWriter(output, header) as writer:
-        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats):
-            writer.write_rows(rows)
+    columns = formatter.columns if formatter is not None else COLUMNS
+    with (progress(len(records)) if progress else nullcontext()) as bar, TsvWriter(output, header, columns) as writer:
+        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats, formatter):
+            if formatter is None:
+                writer.write_rows(rows)
+            else:
+                writer.write_bytes(rows)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix_str(f"{stats.gcups:.2f} GCUPS", refresh=False)

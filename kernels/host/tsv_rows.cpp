@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 namespace {
@@ -96,6 +97,47 @@ extern "C" int64_t swcli_tsv_rows(int64_t rows, const uint8_t* query_ids, const 
     out = write_integer(out, tlen[k]);
     *out++ = '\t';
     out = write_score(out, scores[k]);
+    *out++ = '\n';
+  }
+  return out - start;
+}
+
+// TSV rows of any columns, for swcli/details.py's --format-output. Column c has kinds[c]:
+//   0 text: row k is the bytes texts[c][offsets[c][r] .. offsets[c][r + 1]) of entry r = index[c][k] (index
+//     null: r = k);
+//   1 an int64, values[c][k];
+//   2 a float32 score, written as swcli_tsv_rows writes scores;
+//   3 a float64 with precision[c] decimals (%.*f);
+//   4 a float64 with precision[c] significant digits (%.*g).
+// Returns the bytes written, or -1 if they would pass `capacity` (the caller's bound: the text bytes plus
+// 66 per other column, and one per column, per row).
+extern "C" int64_t swcli_tsv_columns(int64_t rows, int64_t columns, const int64_t* kinds, const void* const* values,
+                                     const int64_t* const* offsets, const int64_t* const* index,
+                                     const int64_t* precision, char* out, int64_t capacity) {
+  char* const start = out;
+  for (int64_t k = 0; k < rows; ++k) {
+    for (int64_t c = 0; c < columns; ++c) {
+      if (c > 0) *out++ = '\t';
+      if (kinds[c] == 0) {
+        const int64_t r = index[c] ? index[c][k] : k;
+        const int64_t size = offsets[c][r + 1] - offsets[c][r];
+        if ((out - start) + size + 2 > capacity) return -1;
+        out = write_text(out, static_cast<const uint8_t*>(values[c]) + offsets[c][r], size);
+        continue;
+      }
+      if ((out - start) + 66 > capacity) return -1;
+      if (kinds[c] == 1) {
+        out = write_integer(out, static_cast<const int64_t*>(values[c])[k]);
+      } else if (kinds[c] == 2) {
+        out = write_score(out, static_cast<const float*>(values[c])[k]);
+      } else {
+        const double value = static_cast<const double*>(values[c])[k];
+        const int digits = static_cast<int>(precision[c]);
+        int written = std::snprintf(out, 65, kinds[c] == 3 ? "%.*f" : "%.*g", digits, value);
+        if (written > 64) written = std::snprintf(out, 65, "%.17g", value);  // a huge value: exponent form
+        out += written;
+      }
+    }
     *out++ = '\n';
   }
   return out - start;
