@@ -8,6 +8,7 @@
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "affine.h"
@@ -24,6 +26,7 @@
 #include "forward_scaled.h"
 #include "simd.h"
 #include "sources.h"
+#include "striped.h"
 
 namespace swcli_cpu {
 namespace {
@@ -211,7 +214,17 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
     }
   }
   int64_t to_log = 0;
-  if (!powers.empty()) {
+  IntegerScoring integers;
+  if (temperature == 0 && integer_scoring(in.table.data_ptr<float>(), K, static_cast<float>(gap), integers)) {
+    // Exact in int16; the pairs that may have saturated again in float, as every other t = 0 call.
+    std::vector<int64_t> wider;
+    striped_scores(pr, in.source, integers, scores.data_ptr<float>(), wider);
+    if (!wider.empty()) {
+      std::sort(wider.begin(), wider.end());
+      forward_pairs<float>(pr, in.source, longest_first(pr, std::move(wider)), static_cast<float>(gap), 0.0f,
+                           scores.data_ptr<float>(), nullptr);
+    }
+  } else if (!powers.empty()) {
     CodeSource with_powers = in.source;
     with_powers.matrix = powers.data();
     forward_scaled<true>(pr, with_powers, in.source, static_cast<float>(gap), static_cast<float>(temperature),

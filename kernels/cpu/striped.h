@@ -1,0 +1,31 @@
+// Exact scores at t = 0 from codes with an integer matrix and an integer gap: Farrar's striped sweep in
+// int16, SIMD inside a pair. Pairs whose scores may have saturated int16 are handed back to be scored
+// again in float (the hard log-space or anti-diagonal sweeps), never given a wrong score.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "sources.h"
+
+namespace swcli_cpu {
+
+// The matrix and the gap as int16, where they are integers the int16 sweep can hold: every entry (as
+// the float32 the engine reads) an integer in [-32767, 32767], the gap an integer in [-32767, 0]. A
+// positive gap or a NaN, infinite or fractional value leaves the call to the float sweeps.
+struct IntegerScoring {
+  std::vector<int16_t> matrix;  // K x K, row = query code
+  int64_t K = 0;
+  int16_t gap = 0;
+  int32_t limit = 0;  // a pair whose largest H reaches this may have saturated: 32767 - the largest entry
+};
+
+bool integer_scoring(const float* matrix, int64_t K, float gap, IntegerScoring& out);
+
+// scores[p] of every pair of `codes` at t = 0 (the zero border's 0 for empty pairs); the pairs that may
+// have saturated go to `wider`, their scores left to the caller. Long pairs take all threads (their rows
+// cut into chunks, one per thread); the others one thread each.
+void striped_scores(const Problem& pr, const CodeSource& codes, const IntegerScoring& scoring, float* scores,
+                    std::vector<int64_t>& wider);
+
+}  // namespace swcli_cpu
