@@ -27,6 +27,7 @@
 #include "simd.h"
 #include "sources.h"
 #include "striped.h"
+#include "strips_soft.h"
 
 namespace swcli_cpu {
 namespace {
@@ -94,6 +95,23 @@ DenseSource<T> dense_source(const at::Tensor& S, const at::Tensor& tlen) {
                         {}};
 }
 
+// Pairs with both lengths at least this take the strips (SIMD inside a pair) at t > 0.
+constexpr int64_t kStripShortest = 64;
+
+// The pairs with cells that take the strips, and the others, which stay with the sweeps across pairs.
+// The rule is the pair's own (its lengths), never the batch's, so that a pair gets the same bits alone
+// or in any batch.
+void split_by_strips(const Problem& pr, bool strips_allowed, std::vector<int64_t>& strips,
+                     std::vector<int64_t>& across) {
+  for (int64_t b = 0; b < pr.B; ++b) {
+    const int64_t shorter = std::min(pr.qlen[b], pr.tlen[b]);
+    if (strips_allowed && shorter >= kStripShortest)
+      strips.push_back(b);
+    else
+      across.push_back(b);
+  }
+}
+
 // Scores (B,) of dense S, and with keep_dp_table its DP table H (B, M+1, N+1), else an empty tensor.
 // scaled: allow the scaled sweep (float32 at t > 0).
 std::tuple<at::Tensor, at::Tensor> dense_forward(const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
@@ -115,8 +133,14 @@ std::tuple<at::Tensor, at::Tensor> dense_forward(const at::Tensor& S, const std:
     const DenseSource<scalar_t> source = dense_source<scalar_t>(S, tlen);
     if constexpr (std::is_same<scalar_t, float>::value) {
       if (scaled_applies(scaled, gap, temperature)) {
-        forward_scaled<false>(pr, source, source, static_cast<float>(gap), t, scores.data_ptr<float>(),
-                              keep_dp_table ? dp.data_ptr<float>() : nullptr, to_log);
+        float* table = keep_dp_table ? dp.data_ptr<float>() : nullptr;
+        std::vector<int64_t> strips, across;
+        split_by_strips(pr, soft_strips_apply(gap, temperature, 0.0), strips, across);
+        soft_strip_scores_dense(pr, S.data_ptr<float>(), S.stride(0), S.stride(1), S.stride(2), strips,
+                                static_cast<float>(gap), t, scores.data_ptr<float>(), table, across);
+        std::sort(across.begin(), across.end());
+        forward_scaled<false>(pr, across, source, source, static_cast<float>(gap), t, scores.data_ptr<float>(), table,
+                              to_log);
         return;
       }
     }
@@ -224,11 +248,34 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
       forward_pairs<float>(pr, in.source, longest_first(pr, std::move(wider)), static_cast<float>(gap), 0.0f,
                            scores.data_ptr<float>(), nullptr);
     }
-  } else if (!powers.empty()) {
-    CodeSource with_powers = in.source;
-    with_powers.matrix = powers.data();
-    forward_scaled<true>(pr, with_powers, in.source, static_cast<float>(gap), static_cast<float>(temperature),
-                         scores.data_ptr<float>(), nullptr, to_log);
+  } else if (scaled_applies(scaled, gap, temperature)) {
+    // Long pairs in the strips where the matrix is finite and in their range, the rest across pairs:
+    // scaled where every power is at most 2^60, else in log space.
+    const float* m = in.table.data_ptr<float>();
+    float largest = -std::numeric_limits<float>::infinity();
+    bool finite = true;
+    for (int64_t x = 0; x < K * K; ++x) finite = finite && std::isfinite(m[x]), largest = std::max(largest, m[x]);
+    std::vector<int64_t> strips, across;
+    split_by_strips(pr, finite && soft_strips_apply(gap, temperature, largest), strips, across);
+    if (!strips.empty()) {
+      const double c = log2e_over<float>(temperature);
+      std::vector<float> all_powers(K * K), transposed(K * K);
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < K; ++b)
+          transposed[b * K + a] = all_powers[a * K + b] = static_cast<float>(std::exp2(double(m[a * K + b]) * c));
+      soft_strip_scores_codes(pr, in.source, all_powers.data(), transposed.data(), strips, static_cast<float>(gap),
+                              static_cast<float>(temperature), scores.data_ptr<float>(), nullptr, across);
+      std::sort(across.begin(), across.end());
+    }
+    if (!powers.empty()) {
+      CodeSource with_powers = in.source;
+      with_powers.matrix = powers.data();
+      forward_scaled<true>(pr, across, with_powers, in.source, static_cast<float>(gap),
+                           static_cast<float>(temperature), scores.data_ptr<float>(), nullptr, to_log);
+    } else if (!across.empty()) {
+      forward_pairs<float>(pr, in.source, longest_first(pr, std::move(across)), static_cast<float>(gap),
+                           static_cast<float>(temperature), scores.data_ptr<float>(), nullptr);
+    }
   } else {
     forward_all<float>(pr, in.source, static_cast<float>(gap), static_cast<float>(temperature),
                        scores.data_ptr<float>(), nullptr);
