@@ -27,6 +27,8 @@
 #include "simd.h"
 #include "sources.h"
 #include "striped.h"
+#include "strips.h"
+#include "strips_hard.h"
 #include "strips_soft.h"
 
 namespace swcli_cpu {
@@ -95,20 +97,15 @@ DenseSource<T> dense_source(const at::Tensor& S, const at::Tensor& tlen) {
                         {}};
 }
 
-// Pairs with both lengths at least this take the strips (SIMD inside a pair) at t > 0.
-constexpr int64_t kStripShortest = 64;
-
-// The pairs with cells that take the strips, and the others, which stay with the sweeps across pairs.
-// The rule is the pair's own (its lengths), never the batch's, so that a pair gets the same bits alone
-// or in any batch.
+// The pairs of `pairs` (every pair of the batch when empty) that take the strips, and the others, which
+// stay with the sweeps across pairs. The rule is the pair's own (its lengths), never the batch's, so
+// that a pair gets the same bits alone or in any batch.
 void split_by_strips(const Problem& pr, bool strips_allowed, std::vector<int64_t>& strips,
-                     std::vector<int64_t>& across) {
-  for (int64_t b = 0; b < pr.B; ++b) {
-    const int64_t shorter = std::min(pr.qlen[b], pr.tlen[b]);
-    if (strips_allowed && shorter >= kStripShortest)
-      strips.push_back(b);
-    else
-      across.push_back(b);
+                     std::vector<int64_t>& across, const std::vector<int64_t>& pairs = {}) {
+  const int64_t count = pairs.empty() ? pr.B : static_cast<int64_t>(pairs.size());
+  for (int64_t n = 0; n < count; ++n) {
+    const int64_t b = pairs.empty() ? n : pairs[n];
+    (strips_allowed && strips_take(pr.qlen[b], pr.tlen[b]) ? strips : across).push_back(b);
   }
 }
 
@@ -132,6 +129,19 @@ std::tuple<at::Tensor, at::Tensor> dense_forward(const at::Tensor& S, const std:
     const auto t = static_cast<scalar_t>(temperature);
     const DenseSource<scalar_t> source = dense_source<scalar_t>(S, tlen);
     if constexpr (std::is_same<scalar_t, float>::value) {
+      if (temperature == 0) {  // long pairs in the hard strips, the others across pairs: the same floats
+        float* table = keep_dp_table ? dp.data_ptr<float>() : nullptr;
+        std::vector<int64_t> strips, across;
+        split_by_strips(pr, true, strips, across);
+        hard_strip_scores_dense(pr, S.data_ptr<float>(), S.stride(0), S.stride(1), S.stride(2), strips,
+                                static_cast<float>(gap), scores.data_ptr<float>(), table, across);
+        if (!across.empty()) {
+          std::sort(across.begin(), across.end());
+          forward_pairs<float>(pr, source, longest_first(pr, std::move(across)), static_cast<float>(gap), 0.0f,
+                               scores.data_ptr<float>(), table);
+        }
+        return;
+      }
       if (scaled_applies(scaled, gap, temperature)) {
         float* table = keep_dp_table ? dp.data_ptr<float>() : nullptr;
         std::vector<int64_t> strips, across;
@@ -239,15 +249,32 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
   }
   int64_t to_log = 0;
   IntegerScoring integers;
-  if (temperature == 0 && integer_scoring(in.table.data_ptr<float>(), K, static_cast<float>(gap), integers)) {
-    // Exact in int16; the pairs that may have saturated again in float, as every other t = 0 call.
-    std::vector<int64_t> wider;
-    striped_scores(pr, in.source, integers, scores.data_ptr<float>(), wider);
-    if (!wider.empty()) {
-      std::sort(wider.begin(), wider.end());
-      forward_pairs<float>(pr, in.source, longest_first(pr, std::move(wider)), static_cast<float>(gap), 0.0f,
-                           scores.data_ptr<float>(), nullptr);
+  if (temperature == 0) {
+    // Exact in int16 where the matrix and the gap are integers; the pairs that may have saturated, or
+    // every pair where they are not, in float: long pairs in the hard strips, the others across pairs.
+    std::vector<int64_t> strips, across;
+    if (integer_scoring(in.table.data_ptr<float>(), K, static_cast<float>(gap), integers)) {
+      std::vector<int64_t> striped, in_float;
+      const bool shared = in.source.query_stride == 0;
+      for (int64_t b = 0; b < pr.B; ++b)
+        (striped_takes(pr.qlen[b], pr.tlen[b], shared) ? striped : in_float).push_back(b);
+      striped_scores(pr, in.source, integers, striped, scores.data_ptr<float>(), in_float);
+      std::sort(in_float.begin(), in_float.end());
+      if (!in_float.empty()) split_by_strips(pr, true, strips, across, in_float);
+    } else {
+      split_by_strips(pr, true, strips, across);
     }
+    if (!strips.empty()) {
+      const float* m = in.table.data_ptr<float>();
+      std::vector<float> transposed(K * K);
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < K; ++b) transposed[b * K + a] = m[a * K + b];
+      hard_strip_scores_codes(pr, in.source, m, transposed.data(), strips, static_cast<float>(gap),
+                              scores.data_ptr<float>(), nullptr);
+    }
+    if (!across.empty())
+      forward_pairs<float>(pr, in.source, longest_first(pr, std::move(across)), static_cast<float>(gap), 0.0f,
+                           scores.data_ptr<float>(), nullptr);
   } else if (scaled_applies(scaled, gap, temperature)) {
     // Long pairs in the strips where the matrix is finite and in their range, the rest across pairs:
     // scaled where every power is at most 2^60, else in log space.

@@ -226,12 +226,12 @@ bool integer_scoring(const float* matrix, int64_t K, float gap, IntegerScoring& 
   return true;
 }
 
-void striped_scores(const Problem& pr, const CodeSource& codes, const IntegerScoring& scoring, float* scores,
-                    std::vector<int64_t>& wider) {
+void striped_scores(const Problem& pr, const CodeSource& codes, const IntegerScoring& scoring,
+                    const std::vector<int64_t>& pairs, float* scores, std::vector<int64_t>& wider) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   std::vector<int64_t> order;
   int64_t total = 0;
-  for (int64_t p = 0; p < pr.B; ++p) {
+  for (int64_t p : pairs) {
     const int64_t cells = pr.qlen[p] * pr.tlen[p];
     scores[p] = 0.0f;
     if (cells == 0) continue;

@@ -3,6 +3,7 @@
 // again in float (the hard log-space or anti-diagonal sweeps), never given a wrong score.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -22,10 +23,17 @@ struct IntegerScoring {
 
 bool integer_scoring(const float* matrix, int64_t K, float gap, IntegerScoring& out);
 
-// scores[p] of every pair of `codes` at t = 0 (the zero border's 0 for empty pairs); the pairs that may
-// have saturated go to `wider`, their scores left to the caller. Long pairs take all threads (their rows
-// cut into chunks, one per thread); the others one thread each.
-void striped_scores(const Problem& pr, const CodeSource& codes, const IntegerScoring& scoring, float* scores,
-                    std::vector<int64_t>& wider);
+// Whether a pair of q x t residues takes the striped sweep rather than the float sweeps: its profile
+// and its per-column work cost more than they save on short pairs. shared: the query's profile is
+// built once for the batch (a search).
+inline bool striped_takes(int64_t q, int64_t t, bool shared) {
+  return std::min(q, t) >= (shared ? 32 : 64);
+}
+
+// scores[p] of the pairs p of `pairs` at t = 0; the pairs that may have saturated go to `wider`, their
+// scores left to the caller. Long pairs take all threads (their rows cut into chunks, one per thread);
+// the others one thread each.
+void striped_scores(const Problem& pr, const CodeSource& codes, const IntegerScoring& scoring,
+                    const std::vector<int64_t>& pairs, float* scores, std::vector<int64_t>& wider);
 
 }  // namespace swcli_cpu

@@ -58,20 +58,23 @@ inline int64_t strip_steps(int64_t rows, int64_t cols, int64_t R) {
   return (rows + R - 1) / R * R * (cols + R - 1);
 }
 
-// The most packs a strip takes.
+// The packs of a strip: 4, 64 rows. With 2 the steps' chain of latencies set the pace (0.6x on long
+// pairs), with 8 the registers ran out (0.5x).
 constexpr int kMaxPacks = 4;
+constexpr int kStripRows = kMaxPacks * kStripLanes;
 
 // Pairs with at least this many cells may take all threads (when one is more than a thread's share).
 constexpr int64_t kStripSplitCells = int64_t(1) << 20;
 
 // Pair b of a batch of codes as the strips sweep it, in the orientation that takes fewer lane steps in
-// strips of R rows. lookup: the K x K table at query code * K + target code; lookup_t its transpose.
+// its strips. lookup: the K x K table at query code * K + target code; lookup_t its transpose.
 // table: the batch's DP table (B, M+1, N+1), or null.
 inline StripPair strip_pair_of_codes(const Problem& pr, const CodeSource& codes, int64_t b, const float* lookup,
-                                     const float* lookup_t, float* table, int R) {
+                                     const float* lookup_t, float* table) {
   StripPair p;
   p.pair = b;
   const int64_t q = pr.qlen[b], t = pr.tlen[b];
+  const int64_t R = kStripRows;
   p.transposed = strip_steps(t, q, R) < strip_steps(q, t, R);
   const uint8_t* qc = codes.query + b * codes.query_stride;
   const uint8_t* tc = codes.target + b * codes.N;
@@ -91,10 +94,11 @@ inline StripPair strip_pair_of_codes(const Problem& pr, const CodeSource& codes,
 
 // Pair b of dense scores S (B, M, N) with strides (sB, sM, sN), likewise.
 inline StripPair strip_pair_of_dense(const Problem& pr, const float* S, int64_t sB, int64_t sM, int64_t sN, int64_t b,
-                                     float* table, int R) {
+                                     float* table) {
   StripPair p;
   p.pair = b;
   const int64_t q = pr.qlen[b], t = pr.tlen[b];
+  const int64_t R = kStripRows;
   p.transposed = strip_steps(t, q, R) < strip_steps(q, t, R);
   p.rows = p.transposed ? t : q;
   p.cols = p.transposed ? q : t;
@@ -107,6 +111,28 @@ inline StripPair strip_pair_of_dense(const Problem& pr, const float* S, int64_t 
     p.t_col = p.transposed ? pr.N + 1 : 1;
   }
   return p;
+}
+
+// Lane e + 1 gets lane e of v, lane 0 the last lane of `entering` (the pack before, or the row above).
+inline Lanes<float>::V shift_lanes(Lanes<float>::V v, Lanes<float>::V entering) {
+#if defined(__AVX512F__)
+  return (Lanes<float>::V)_mm512_alignr_epi32((__m512i)v, (__m512i)entering, 15);
+#elif defined(__AVX__)
+  return __builtin_shufflevector(entering, v, 7, 8, 9, 10, 11, 12, 13, 14);
+#else
+  return __builtin_shufflevector(entering, v, 3, 4, 5, 6);
+#endif
+}
+
+// Whether a pair of q x t cells takes the strips rather than the sweeps across pairs: where at least
+// half its lane steps are cells (a strip's first and last 63 steps are part idle, and so are the lanes
+// past the rows), and any pair of a million cells or more, which across pairs would hold one lane of
+// its worker for all that time. Across pairs a cell costs about twice a strip's (2.5 against 1.1 to 1.3
+// GCUPS on one core at t = 1).
+inline bool strips_take(int64_t q, int64_t t) {
+  if (q == 0 || t == 0) return false;
+  const int64_t steps = std::min(strip_steps(q, t, kStripRows), strip_steps(t, q, kStripRows));
+  return 2 * q * t >= steps || q * t >= kStripSplitCells;
 }
 
 // Lane index vector of pack k: 16 k + e.
@@ -122,10 +148,11 @@ inline VI16 lane_index(int k) {
 struct StripCodes {
   std::vector<uint8_t> reversed;  // the column codes backwards, with R zero codes on each side
   int64_t base = 0;               // reversed[base - s + 16 k + e] is the code of column s - l
-  VI16 offset[8];                 // row code * K of each lane (0 past the pair's rows)
+  VI16 offset[kMaxPacks];                 // row code * K of each lane (0 past the pair's rows)
   const float* lookup = nullptr;
 
-  void start_pair(const StripPair& p, int R) {
+  void start_pair(const StripPair& p) {
+    constexpr int R = kStripRows;
     reversed.assign(p.cols + 2 * R + kStripLanes, 0);
     for (int64_t j = 0; j < p.cols; ++j) reversed[R + p.cols - 1 - j] = p.col_codes[j];
     base = R + p.cols - 1;
@@ -163,9 +190,9 @@ struct StripCodes {
 struct StripDense {
   const float* rows = nullptr;  // the strip's first row
   int64_t s_col = 0;
-  VI16 offset[8];  // l (s_row - s_col): lane l's score at step s is rows[offset + s s_col]
+  VI16 offset[kMaxPacks];  // l (s_row - s_col): lane l's score at step s is rows[offset + s s_col]
 
-  void start_pair(const StripPair&, int) {}
+  void start_pair(const StripPair&) {}
   void start_strip(const StripPair& p, int64_t i0, int packs) {
     rows = p.S + i0 * p.s_row;
     s_col = p.s_col;
@@ -219,9 +246,34 @@ struct CellValue {
 };
 
 // Whether a dense pair's strided offsets fit the gathers' int32 indices.
-inline bool dense_offsets_fit(int64_t rows, int64_t cols, int64_t s_row, int64_t s_col, int R) {
-  const int64_t reach = (R + 1) * std::max<int64_t>(s_row, 1) + (cols + R + 1) * std::max<int64_t>(s_col, 1);
-  return s_row >= 0 && s_col >= 0 && reach < (int64_t(1) << 31);
+inline bool dense_offsets_fit(const StripPair& p) {
+  const int64_t R = kStripRows;
+  const int64_t reach = (R + 1) * std::max<int64_t>(p.s_row, 1) + (p.cols + R + 1) * std::max<int64_t>(p.s_col, 1);
+  return p.s_row >= 0 && p.s_col >= 0 && reach < (int64_t(1) << 31);
+}
+
+// The pairs of `pairs` from codes as the strips sweep them.
+inline std::vector<StripPair> code_strip_pairs(const Problem& pr, const CodeSource& codes, const std::vector<int64_t>& pairs,
+                                               const float* lookup, const float* lookup_t, float* table) {
+  std::vector<StripPair> strips;
+  for (int64_t b : pairs) strips.push_back(strip_pair_of_codes(pr, codes, b, lookup, lookup_t, table));
+  return strips;
+}
+
+// The pairs of `pairs` from dense scores as the strips sweep them; those whose offsets do not fit the
+// gathers' int32 indices go to `across`.
+inline std::vector<StripPair> dense_strip_pairs(const Problem& pr, const float* S, int64_t sB, int64_t sM, int64_t sN,
+                                                const std::vector<int64_t>& pairs, float* table,
+                                                std::vector<int64_t>& across) {
+  std::vector<StripPair> strips;
+  for (int64_t b : pairs) {
+    const StripPair p = strip_pair_of_dense(pr, S, sB, sM, sN, b, table);
+    if (dense_offsets_fit(p))
+      strips.push_back(p);
+    else
+      across.push_back(b);
+  }
+  return strips;
 }
 
 // One strip of rows [i0, i0 + 16 kP) of pair p: the cells of the sweep's Cell (see strips_soft.cpp for
@@ -302,7 +354,7 @@ template <typename Cell, int kP, typename Source>
 void sweep_pair(const Cell& cell, const StripPair& p, Source& source, std::vector<typename Cell::Scalar>& rows_a,
                 std::vector<typename Cell::Scalar>& rows_b, typename Cell::Best& best) {
   constexpr int R = kP * kStripLanes;
-  source.start_pair(p, R);
+  source.start_pair(p);
   rows_a.resize(p.cols);
   rows_b.resize(p.cols);
   Relay relay(1);  // not waited on: a strip reads the row the previous one wrote in full
@@ -336,7 +388,7 @@ void sweep_pair_threaded(const Cell& cell, const StripPair& p, const Source& pro
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       Source source = prototype;
-      source.start_pair(p, R);
+      source.start_pair(p);
       for (int64_t r = w; r < strips; r += threads) {
         if (r + 1 < strips && r - ring + 1 >= 0) relay.wait(r - ring + 1, p.cols);  // its row read in full
         RowAbove<Scalar> above;
@@ -356,7 +408,7 @@ void sweep_pair_threaded(const Cell& cell, const StripPair& p, const Source& pro
 // Every pair of `pairs` through the strips: finish(n, best) for pairs[n] once swept (from any thread).
 // The longest pairs, each more than a thread's share of the batch, take every thread, one after the
 // other; the others one thread each, longest first.
-template <typename Cell, int kP, typename Source, typename Finish>
+template <typename Cell, typename Source, typename Finish>
 void strip_pairs(const Cell& cell, const std::vector<StripPair>& pairs, const Source& prototype, Finish finish) {
   using Best = typename Cell::Best;
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
@@ -373,7 +425,7 @@ void strip_pairs(const Cell& cell, const std::vector<StripPair>& pairs, const So
     const int64_t n = order[first];
     if (cells(n) < kStripSplitCells || cells(n) * threads <= total) break;
     std::vector<Best> bests;
-    sweep_pair_threaded<Cell, kP>(cell, pairs[n], prototype, threads, bests);
+    sweep_pair_threaded<Cell, kMaxPacks>(cell, pairs[n], prototype, threads, bests);
     Best best = cell.no_best();
     for (const Best& b : bests) cell.merge(best, b);
     finish(n, best);
@@ -388,7 +440,7 @@ void strip_pairs(const Cell& cell, const std::vector<StripPair>& pairs, const So
       for (int64_t m = next++; m < rest; m = next++) {
         const int64_t n = order[first + m];
         Best best = cell.no_best();
-        sweep_pair<Cell, kP>(cell, pairs[n], source, rows_a, rows_b, best);
+        sweep_pair<Cell, kMaxPacks>(cell, pairs[n], source, rows_a, rows_b, best);
         finish(n, best);
       }
     }

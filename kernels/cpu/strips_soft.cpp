@@ -62,17 +62,6 @@ inline V exponent_of(V x) {
 // (Bit operations rather than getmant, which shares getexp's and scalef's one port.)
 inline V mantissa_of(V x) { return (V)(((VI)x & 0x007fffff) | 0x3f800000); }
 
-// Lane e + 1 gets lane e of v, lane 0 the last lane of `entering`.
-inline V shift_in(V v, V entering) {
-#if defined(__AVX512F__)
-  return (V)_mm512_alignr_epi32((__m512i)v, (__m512i)entering, 15);
-#elif defined(__AVX__)
-  return __builtin_shufflevector(entering, v, 7, 8, 9, 10, 11, 12, 13, 14);
-#else
-  return __builtin_shufflevector(entering, v, 3, 4, 5, 6);
-#endif
-}
-
 // The soft cell. FromScores: the source gives S, and P = 2^(S c) is taken here (one exp2 polynomial);
 // else it gives P (from codes: a table of powers).
 template <bool FromScores>
@@ -93,7 +82,7 @@ struct SoftCell {
   Scalar border_scalar() const { return {0.0f, 1.0f}; }
   Value broadcast(Scalar x) const { return {splat<V>(x.sigma), splat<V>(x.m)}; }
   Value shift_in(Value v, Value entering) const {
-    return {swcli_cpu::shift_in(v.a, entering.a), swcli_cpu::shift_in(v.b, entering.b)};
+    return {shift_lanes(v.a, entering.a), shift_lanes(v.b, entering.b)};
   }
   Value select(VI mask, Value x, Value y) const { return {mask ? x.a : y.a, mask ? x.b : y.b}; }
   Scalar lane(Value v, int e) const { return {v.a[e], v.b[e]}; }
@@ -162,7 +151,7 @@ void soft_strips(const std::vector<StripPair>& pairs, const Source& prototype, f
   cell.c = splat<V>(static_cast<float>(c));
   cell.back = static_cast<float>(double(temperature) * 0.69314718055994531);
   std::vector<char> bad(pairs.size(), 0);
-  strip_pairs<SoftCell<FromScores>, kMaxPacks>(cell, pairs, prototype, [&](int64_t n, const auto& best) {
+  strip_pairs<SoftCell<FromScores>>(cell, pairs, prototype, [&](int64_t n, const auto& best) {
     const float score = cell.score(best);
     if (score == score)
       scores[pairs[n].pair] = score;
@@ -184,24 +173,15 @@ bool soft_strips_apply(double gap, double temperature, double largest_score) {
 void soft_strip_scores_codes(const Problem& pr, const CodeSource& codes, const float* powers, const float* powers_t,
                              const std::vector<int64_t>& pairs, float gap, float temperature, float* scores,
                              float* dp_table, std::vector<int64_t>& failed) {
-  std::vector<StripPair> strips;
-  for (int64_t b : pairs)
-    strips.push_back(strip_pair_of_codes(pr, codes, b, powers, powers_t, dp_table, kMaxPacks * kStripLanes));
-  soft_strips<false>(strips, StripCodes{}, gap, temperature, scores, failed);
+  soft_strips<false>(code_strip_pairs(pr, codes, pairs, powers, powers_t, dp_table), StripCodes{}, gap,
+                     temperature, scores, failed);
 }
 
 void soft_strip_scores_dense(const Problem& pr, const float* S, int64_t sB, int64_t sM, int64_t sN,
                              const std::vector<int64_t>& pairs, float gap, float temperature, float* scores,
                              float* dp_table, std::vector<int64_t>& failed) {
-  std::vector<StripPair> strips;
-  for (int64_t b : pairs) {
-    const StripPair p = strip_pair_of_dense(pr, S, sB, sM, sN, b, dp_table, kMaxPacks * kStripLanes);
-    if (dense_offsets_fit(p.rows, p.cols, p.s_row, p.s_col, kMaxPacks * kStripLanes))
-      strips.push_back(p);
-    else
-      failed.push_back(b);
-  }
-  soft_strips<true>(strips, StripDense{}, gap, temperature, scores, failed);
+  soft_strips<true>(dense_strip_pairs(pr, S, sB, sM, sN, pairs, dp_table, failed), StripDense{}, gap,
+                    temperature, scores, failed);
 }
 
 }  // namespace swcli_cpu
