@@ -252,6 +252,23 @@ inline bool dense_offsets_fit(const StripPair& p) {
   return p.s_row >= 0 && p.s_col >= 0 && reach < (int64_t(1) << 31);
 }
 
+// H of pack k's cells at step s into the pair's DP table, where `in` (the lanes inside the pair): lane
+// e at row i0 + 16 k + e, column s - 16 k - e, offsets linear in e (a scatter), in 32 bits where they fit.
+inline void write_cells(const StripPair& p, int64_t i0, int64_t s, int k, Lanes<float>::V h, VI16 in) {
+  const int64_t row = i0 + k * kStripLanes + 1, col = s - k * kStripLanes + 1;
+  float* base = p.table + row * p.t_row;
+  const int64_t step = p.t_row - p.t_col, reach = (p.cols + kStripRows + 1) * p.t_col + kStripLanes * std::abs(step);
+#if defined(__AVX512F__)
+  if (reach < (int64_t(1) << 31)) {
+    const VI16 index = lane_index(0) * static_cast<int32_t>(step) + static_cast<int32_t>(col * p.t_col);
+    _mm512_mask_i32scatter_ps(base, _mm512_movepi32_mask((__m512i)in), (__m512i)index, (__m512)h, 4);
+    return;
+  }
+#endif
+  for (int e = 0; e < kStripLanes; ++e)
+    if (in[e]) base[e * step + col * p.t_col] = h[e];
+}
+
 // The pairs of `pairs` from codes as the strips sweep them.
 inline std::vector<StripPair> code_strip_pairs(const Problem& pr, const CodeSource& codes, const std::vector<int64_t>& pairs,
                                                const float* lookup, const float* lookup_t, float* table) {
@@ -331,7 +348,7 @@ void sweep_strip(const Cell& cell, const StripPair& p, int64_t i0, Source& sourc
       out_a[k] = h.a, out_b[k] = h.b;
       up_a[k] = above_k.a, up_b[k] = above_k.b;
       cell.track(local, h, in, k);
-      if (Table) cell.write(p, i0 + k * kStripLanes, s - k * kStripLanes, h);
+      if (Table) write_cells(p, i0, s, k, cell.table_value(h), in);
     }
     const int64_t j = s - last_row;  // the column the strip's last row reached
     if (below.wanted() && j >= 0 && j < cols) below.put(j, cell.lane(Value{out_a[last_pack], out_b[last_pack]}, last_lane), cols);

@@ -54,12 +54,7 @@ struct HardCell {
     for (int e = 1; e < Lanes<float>::L; ++e) best = (all[e] > best || all[e] != all[e]) ? all[e] : best;
     return best;
   }
-  void write(const StripPair& p, int64_t i0, int64_t s, Value v) const {
-    for (int e = 0; e < Lanes<float>::L; ++e) {
-      const int64_t i = i0 + e, j = s - e;
-      if (i < p.rows && j >= 0 && j < p.cols) p.table[(i + 1) * p.t_row + (j + 1) * p.t_col] = v.a[e];
-    }
-  }
+  V table_value(Value v) const { return v.a; }
 };
 
 template <typename Source>

@@ -131,15 +131,8 @@ struct SoftCell {
     return static_cast<float>(double(back) * (double(sigma) + std::log2(double(m))));
   }
 
-  // H of a pack's cells into the DP table, back (sigma + log2 m), lane by lane: lane e at row i0 + e,
-  // column s - e.
-  void write(const StripPair& p, int64_t i0, int64_t s, Value v) const {
-    const V h = (v.a + log2_one_to_four(v.b)) * back;
-    for (int e = 0; e < Lanes<float>::L; ++e) {
-      const int64_t i = i0 + e, j = s - e;
-      if (i < p.rows && j >= 0 && j < p.cols) p.table[(i + 1) * p.t_row + (j + 1) * p.t_col] = h[e];
-    }
-  }
+  // H for the DP table: back (sigma + log2 m).
+  V table_value(Value v) const { return (v.a + log2_one_to_four(v.b)) * back; }
 };
 
 template <bool FromScores, typename Source>
