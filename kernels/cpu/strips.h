@@ -218,7 +218,7 @@ struct StripDense {
 
 // Denormal results flushed to zero (and denormal inputs read as zero) while alive, in this thread. The
 // cells' terms under 2^-126 of their sum are negligible (strips_soft.cpp), and each one that underflowed
-// cost a microcode assist: without this the soft strips ran 5x slower on long pairs.
+// cost a microcode assist: without this the soft strips ran 1.4x slower on long pairs.
 class FlushDenormals {
  public:
   FlushDenormals() {
