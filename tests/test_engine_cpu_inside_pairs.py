@@ -128,6 +128,34 @@ def test_a_positive_gap_takes_the_float_sweeps():
     assert out.tolist() == ssw(S, 0.5, 0.0, qlen, tlen, backend="cpu").tolist()
 
 
+@pytest.mark.parametrize("gap_open,gap_extend", [(-12.0, -1.0), (-10.0, -2.0), (-4.0, -4.0)])
+def test_affine_temperature_zero_equals_biopython(gap_open, gap_extend):
+    """Affine gaps at t = 0 from codes: the striped sweep with E and F (and its lazy F loop, which must
+    carry a gap down past rows whose H it does not change), a shared query, and the short pairs across."""
+    pairs = long_pairs(seed=20_600) + related_protein_pairs(seed=20_601, count=4, min_length=300, max_length=2500)
+    q, t, qlen, tlen, m = code_batch(pairs, pad_code=3)
+    out = soft_smith_waterman_codes(q, t, m, None, 0.0, qlen, tlen, gap_open=gap_open, gap_extend=gap_extend)
+    expected = [biopython_score(a, b, gap_open, gap_extend=gap_extend) if a and b else 0.0 for a, b in pairs]
+    assert out.tolist() == expected
+    query = pairs[0][0]
+    shared = [(query, b) for _, b in pairs]
+    q, t, qlen, tlen, m = code_batch(shared)
+    out = soft_smith_waterman_codes(q[:1].expand_as(q), t, m, None, 0.0, qlen, tlen, gap_open=gap_open,
+                                    gap_extend=gap_extend)
+    assert out.tolist() == [biopython_score(a, b, gap_open, gap_extend=gap_extend) if b else 0.0 for a, b in shared]
+
+
+def test_affine_int16_saturation_is_scored_again_wider():
+    matrix = BLOSUM62 * 300
+    pairs = related_protein_pairs(seed=20_700, count=3, min_length=300, max_length=900, mutation_rate=0.1)
+    pairs += random_protein_pairs(seed=20_701, count=3, min_length=100, max_length=300)
+    q, t, qlen, tlen, m = code_batch(pairs, matrix=matrix)
+    expected = [biopython_score(a, b, -3600.0, matrix, gap_extend=-300.0) for a, b in pairs]
+    assert max(expected) > 32767 * 4
+    out = soft_smith_waterman_codes(q, t, m, None, 0.0, qlen, tlen, gap_open=-3600.0, gap_extend=-300.0)
+    assert out.tolist() == expected
+
+
 # --------------------------------------------------------------------------------------------------
 # t > 0: the soft strips
 

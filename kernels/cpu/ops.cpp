@@ -253,7 +253,7 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
     // Exact in int16 where the matrix and the gap are integers; the pairs that may have saturated, or
     // every pair where they are not, in float: long pairs in the hard strips, the others across pairs.
     std::vector<int64_t> strips, across;
-    if (integer_scoring(in.table.data_ptr<float>(), K, static_cast<float>(gap), integers)) {
+    if (integer_scoring(in.table.data_ptr<float>(), K, static_cast<float>(gap), static_cast<float>(gap), integers)) {
       std::vector<int64_t> striped, in_float;
       const bool shared = in.source.query_stride == 0;
       for (int64_t b = 0; b < pr.B; ++b)
@@ -455,9 +455,24 @@ at::Tensor op_affine_scores_codes(const at::Tensor& query, const at::Tensor& tar
   check_affine_gaps(gap_open, gap_extend);
   const CodeInputs in = code_inputs(query, target, matrix, query_lengths, target_lengths);
   at::Tensor scores = at::zeros({in.pr.B}, matrix.options().dtype(at::kFloat));
-  affine_forward<float>(in.pr, in.source,
-                        AffineGaps<float>{static_cast<float>(gap_open), static_cast<float>(gap_extend)},
-                        static_cast<float>(temperature), scores.data_ptr<float>(), nullptr);
+  const AffineGaps<float> gaps{static_cast<float>(gap_open), static_cast<float>(gap_extend)};
+  IntegerScoring integers;
+  if (temperature == 0 && integer_scoring(in.table.data_ptr<float>(), in.table.size(0), gaps.open, gaps.extend,
+                                          integers)) {
+    // Exact in int16 (pairs long enough for it), the others and the pairs that may have saturated across
+    // pairs, in float.
+    std::vector<int64_t> striped, across;
+    const bool shared = in.source.query_stride == 0;
+    for (int64_t b = 0; b < in.pr.B; ++b)
+      (striped_takes(in.pr.qlen[b], in.pr.tlen[b], shared) ? striped : across).push_back(b);
+    striped_scores(in.pr, in.source, integers, striped, scores.data_ptr<float>(), across);
+    if (!across.empty()) {
+      std::sort(across.begin(), across.end());
+      affine_forward<float>(in.pr, in.source, gaps, 0.0f, scores.data_ptr<float>(), nullptr, &across);
+    }
+    return scores;
+  }
+  affine_forward<float>(in.pr, in.source, gaps, static_cast<float>(temperature), scores.data_ptr<float>(), nullptr);
   return scores;
 }
 

@@ -1,4 +1,4 @@
-// Farrar's striped Smith-Waterman (Bioinformatics 23:156, 2007) in int16, linear gap, t = 0.
+// Farrar's striped Smith-Waterman (Bioinformatics 23:156, 2007) in int16, linear or affine gaps, t = 0.
 //
 // One sequence, the rows, is cut into L lanes of seg consecutive positions each: vector s holds rows
 // s, seg + s, 2 seg + s, ... (lane l has row l seg + s). A column (one position of the other sequence)
@@ -10,7 +10,7 @@
 //
 // The adds saturate, and a pair whose largest H reaches 32767 minus the largest matrix entry may have
 // saturated: it is handed back to be scored in float. The rows past a sequence's end (the last lanes'
-// tail) score INT16_MIN against everything, so with a gap <= 0 they never exceed a real cell.
+// tail) score INT16_MIN against everything, so with gaps <= 0 they never exceed a real cell.
 #include "striped.h"
 
 #if defined(__x86_64__)
@@ -108,7 +108,7 @@ inline int16_t lane_max(VS v) {
 
 // A thread's buffers: the profile of the rows it sweeps and two columns of H.
 struct StripedBuffers {
-  std::vector<VS> profile, previous, current;
+  std::vector<VS> profile, previous, current, from_left;  // from_left: the affine E of the column before
 };
 
 // The number of vectors a column of `rows` rows takes.
@@ -189,6 +189,55 @@ int32_t striped_sweep(const VS* profile, int64_t rows, const uint8_t* cols, int6
   return lane_max(best);
 }
 
+// The same with affine gaps (affine.h at t = 0: a gap's first position scores `open`, each further one
+// `extend`): E, the gap from the left, kept per row for the next column; F, the gap from above, carried
+// down the lanes. What a carry c adds past row s is c + extend at row s + 1, and the first pass already
+// gave that row at least H[s] + open: so the lazy loop goes on while some lane has c + extend > H[s] +
+// open (with open == extend, the linear sweep's test). One thread per pair.
+int32_t striped_sweep_affine(const VS* profile, int64_t rows, const uint8_t* cols, int64_t ncols, int16_t open,
+                             int16_t extend, StripedBuffers& buf) {
+  const int64_t seg = segments(rows);
+  buf.previous.assign(seg, VS{});  // column 0: H = 0
+  buf.current.resize(seg);
+  buf.from_left.assign(seg, splat16(kLowest));  // E = -inf before column 1
+  VS* hp = buf.previous.data();
+  VS* hc = buf.current.data();
+  VS* e_row = buf.from_left.data();
+  const VS vopen = splat16(open), vextend = splat16(extend), zero = VS{};
+  VS best = zero;
+  for (int64_t j = 0; j < ncols; ++j) {
+    const VS* p = profile + cols[j] * seg;
+    VS h = shift_in(hp[seg - 1], 0);           // the diagonal of each lane's first row (the border's 0)
+    VS f = shift_in(splat16(kLowest), open);   // F of the first row: the border's H = 0 plus open
+    for (int64_t s = 0; s < seg; ++s) {
+      const VS left = hp[s];
+      const VS e = max16(adds(left, vopen), adds(e_row[s], vextend));
+      e_row[s] = e;
+      h = max16(max16(adds(h, p[s]), e), zero);
+      h = max16(h, f);
+      hc[s] = h;
+      best = max16(best, h);
+      f = max16(adds(h, vopen), adds(f, vextend));
+      h = left;
+    }
+    VS carry = shift_in(f, kLowest);  // F leaving each lane's last row, into the next lane's first
+    for (int64_t s = 0;;) {
+      const VS h_old = hc[s];
+      const VS h_new = max16(h_old, carry);
+      hc[s] = h_new;
+      best = max16(best, h_new);
+      carry = adds(carry, vextend);
+      if (!any_greater(carry, adds(h_old, vopen))) break;
+      if (++s == seg) {
+        s = 0;
+        carry = shift_in(carry, kLowest);
+      }
+    }
+    std::swap(hp, hc);
+  }
+  return lane_max(best);
+}
+
 // Pairs with at least this many cells may take all threads (when one is more than a thread's share).
 constexpr int64_t kSplitCells = int64_t(1) << 20;
 
@@ -210,10 +259,12 @@ PairView view_of(const CodeSource& codes, int64_t p, int64_t qlen, int64_t tlen,
 
 }  // namespace
 
-bool integer_scoring(const float* matrix, int64_t K, float gap, IntegerScoring& out) {
-  if (!(gap <= 0 && gap >= -32767 && std::nearbyint(gap) == gap)) return false;
+bool integer_scoring(const float* matrix, int64_t K, float open, float extend, IntegerScoring& out) {
+  const bool integers = std::nearbyint(open) == open && std::nearbyint(extend) == extend;
+  if (!(integers && open >= -32767 && open <= extend && extend <= 0)) return false;
   out.K = K;
-  out.gap = static_cast<int16_t>(gap);
+  out.open = static_cast<int16_t>(open);
+  out.extend = static_cast<int16_t>(extend);
   out.matrix.resize(K * K);
   int32_t largest = 0;
   for (int64_t x = 0; x < K * K; ++x) {
@@ -248,9 +299,10 @@ void striped_scores(const Problem& pr, const CodeSource& codes, const IntegerSco
     }
   };
 
-  // Long pairs first, each with every thread: chunk k of its rows in thread k, relayed.
+  // Long pairs first, each with every thread: chunk k of its rows in thread k, relayed (linear gaps).
+  const bool affine = scoring.open != scoring.extend;
   size_t next_pair = 0;
-  for (; next_pair < order.size() && threads > 1; ++next_pair) {
+  for (; next_pair < order.size() && threads > 1 && !affine; ++next_pair) {
     const int64_t p = order[next_pair];
     if (cells_of(p) < kSplitCells || cells_of(p) * threads <= total) break;
     const PairView v = view_of(codes, p, pr.qlen[p], pr.tlen[p], false);
@@ -267,7 +319,7 @@ void striped_scores(const Problem& pr, const CodeSource& codes, const IntegerSco
         if (k > 0) above = RowAbove<int16_t>{&relay, k - 1, last_rows[k - 1].data(), 0};
         RowBelow<int16_t> below;
         if (k + 1 < chunks) below = RowBelow<int16_t>{&relay, k, last_rows[k].data()};
-        best[k] = striped_sweep(buf.profile.data(), r1 - r0, v.cols, v.ncols, scoring.gap, buf, above, below);
+        best[k] = striped_sweep(buf.profile.data(), r1 - r0, v.cols, v.ncols, scoring.extend, buf, above, below);
       }
     });
     finish(p, *std::max_element(best.begin(), best.end()));
@@ -293,7 +345,9 @@ void striped_scores(const Problem& pr, const CodeSource& codes, const IntegerSco
         const PairView v = view_of(codes, p, pr.qlen[p], pr.tlen[p], shared);
         if (!shared) build_profile(v.rows, v.nrows, scoring, v.rows_are_query, buf.profile);
         const VS* profile = shared ? shared_profile.data() : buf.profile.data();
-        const int32_t best = striped_sweep(profile, v.nrows, v.cols, v.ncols, scoring.gap, buf, above, below);
+        const int32_t best =
+            affine ? striped_sweep_affine(profile, v.nrows, v.cols, v.ncols, scoring.open, scoring.extend, buf)
+                   : striped_sweep(profile, v.nrows, v.cols, v.ncols, scoring.extend, buf, above, below);
         if (best >= scoring.limit)
           widened[w].push_back(p);
         else
