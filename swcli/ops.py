@@ -78,6 +78,10 @@ SCHEMAS.update({
                        "float temperature, bool by_rows, *, int lane_columns=0) -> Tensor",
 })
 
+# Exact search scores at t = 0 in 16-bit lanes, CUDA only (kernels/cuda/search_s16.cu; search.ExactSearch).
+SCHEMAS["search_scores_s16"] = ("(Tensor query, Tensor target, Tensor target_lengths, Tensor table, int gap_open, "
+                                "int gap_extend, int limit) -> (Tensor, Tensor)")
+
 _LIBRARY = torch.library.Library("swcli", "DEF")
 for _name, _schema in SCHEMAS.items():
     _LIBRARY.define(_name + _schema)
@@ -259,6 +263,11 @@ def _affine_forward_fake(S, query_lengths, target_lengths, gap_open, gap_extend,
 def _affine_backward_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap_open, gap_extend,
                           temperature, by_rows, *, lane_columns=0):
     return S.new_empty(S.shape)
+
+
+@torch.library.register_fake("swcli::search_scores_s16")
+def _search_scores_s16_fake(query, target, target_lengths, table, gap_open, gap_extend, limit):
+    return target.new_empty(target.shape[0], dtype=torch.int32), target.new_empty(1, dtype=torch.int32)
 
 
 def _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap_open, gap_extend,

@@ -683,6 +683,53 @@ at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Exact search scores in 16-bit lanes (search_s16.cu, engine.h).
+
+// (scores (B,) int32, overflows (1,) int32): one query's exact scores against padded targets at t = 0,
+// -1 where int16 could not hold the pair (counted in overflows: the caller scores those again wider).
+std::tuple<at::Tensor, at::Tensor> op_search_scores_s16(const at::Tensor& query_in, const at::Tensor& target_in,
+                                                        const at::Tensor& tlen_in, const at::Tensor& table_in,
+                                                        int64_t gap_open, int64_t gap_extend, int64_t limit) {
+  TORCH_CHECK(query_in.is_cuda() && target_in.device() == query_in.device() && tlen_in.device() == query_in.device() &&
+                  table_in.device() == query_in.device(),
+              "the exact search needs the query, targets, lengths and table on one CUDA device");
+  TORCH_CHECK(query_in.dim() == 1 && query_in.scalar_type() == at::kByte && target_in.dim() == 2 &&
+                  target_in.scalar_type() == at::kByte,
+              "the exact search takes a (M,) uint8 query and (B, N) uint8 targets");
+  const int64_t M = query_in.size(0), B = target_in.size(0), N = target_in.size(1);
+  TORCH_CHECK(tlen_in.dim() == 1 && tlen_in.size(0) == B && tlen_in.scalar_type() == at::kLong,
+              "target_lengths must be (B,) int64");
+  TORCH_CHECK(table_in.dim() == 3 && table_in.scalar_type() == at::kInt && table_in.size(1) == table_in.size(0) + 1 &&
+                  table_in.size(2) == table_in.size(0) + 1,
+              "the table must be (K, K + 1, K + 1) int32");
+  TORCH_CHECK(gap_open <= gap_extend && gap_extend <= 0 && gap_open >= -16000,
+              "the exact search takes integer gaps with -16000 <= gap_open <= gap_extend <= 0, got " +
+                  std::to_string(gap_open) + " and " + std::to_string(gap_extend));
+  TORCH_CHECK(limit > 0 && limit <= 32767, "limit must be in [1, 32767], got " + std::to_string(limit));
+  TORCH_CHECK(M < (int64_t(1) << 30) && N < (int64_t(1) << 30), "the exact search takes at most 2^30 residues a sequence");
+  const int64_t K = table_in.size(0);
+  const int64_t smem_limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  TORCH_CHECK(K * (K + 1) * (K + 1) * 4 <= smem_limit,
+              "a " + std::to_string(K) + "-letter table does not fit in the GPU's shared memory (" +
+                  std::to_string(smem_limit) + " bytes per block)");
+  const c10::cuda::CUDAGuard guard(query_in.device());
+  const at::Tensor query = query_in.contiguous(), target = target_in.contiguous(), tlen = tlen_in.contiguous(),
+                   table = table_in.contiguous();
+  at::Tensor scores = at::empty({B}, query.options().dtype(at::kInt));
+  at::Tensor overflows = at::zeros({1}, query.options().dtype(at::kInt));
+  if (B == 0) return {scores, overflows};
+  if (M == 0 || N == 0) return {scores.zero_(), overflows};
+  at::Tensor boundary;
+  if (N > sw_cuda_search_s16_columns(N)) boundary = at::empty({(B + 1) / 2 * M * 2}, query.options().dtype(at::kInt));
+  const SearchS16Call call{query.data_ptr<uint8_t>(), int(M), target.data_ptr<uint8_t>(), N, B,
+                           tlen.data_ptr<int64_t>(), reinterpret_cast<const unsigned*>(table.data_ptr<int>()), int(K),
+                           int(gap_open), int(gap_extend), int(limit), scores.data_ptr<int>(),
+                           boundary.defined() ? boundary.data_ptr<int>() : nullptr, overflows.data_ptr<int>()};
+  SWCLI_CHECK_CUDA(sw_cuda_search_s16(call, c10::cuda::getCurrentCUDAStream()), "exact search");
+  return {scores, overflows};
+}
+
+// ---------------------------------------------------------------------------------------------------
 // The registered entry points (schemas in swcli/ops.py).
 
 // scores and scores_codes, and their counted variants, which return the number of pairs the scaled sweep
@@ -779,4 +826,5 @@ TORCH_LIBRARY_IMPL(swcli, CUDA, m) {
   m.impl("affine_scores_codes", &op_affine_scores_codes);
   m.impl("affine_forward", &op_affine_forward);
   m.impl("affine_backward", &op_affine_backward);
+  m.impl("search_scores_s16", &op_search_scores_s16);
 }
