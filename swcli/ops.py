@@ -136,9 +136,12 @@ def load_engine(device) -> None:
 def _load_engine_for(tensor: torch.Tensor) -> None:
     """The engine of a tensor's device, before an operator call. A graph being compiled cannot build one;
     the fake kernels (below) load it for the device the graph will run on."""
-    kind = "cuda" if tensor.is_cuda else "cpu"
-    if kind not in _loaded and not torch.compiler.is_compiling():  # the set first: no torch.device per call
-        load_engine(kind)
+    # Compiling first: dynamo would guard the graph on the set, which the fake kernel changes while it traces
+    # (the guard then fails on the frame that made it). The set next: no torch.device per call.
+    if not torch.compiler.is_compiling():
+        kind = "cuda" if tensor.is_cuda else "cpu"
+        if kind not in _loaded:
+            load_engine(kind)
 
 
 def _load_engine_for_fake(device: torch.device) -> None:
