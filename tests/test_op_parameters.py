@@ -12,10 +12,12 @@ import swcli
 from swcli import ops
 from swcli.ops import soft_smith_waterman_codes
 from swcli.testing import (
+    cuda,
     parameter_gradients,
     random_lengths,
     random_scores,
     reference_gradient,
+    requires_cuda,
     window_mask,
 )
 
@@ -209,6 +211,32 @@ def test_bad_tensor_parameters_are_clear_errors(bad, message):
         del arguments["gap"]
     with pytest.raises(ValueError, match=message):
         ssw(S, **arguments)
+
+
+@cuda
+@requires_cuda
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_tensor_parameters_name_the_missing_operator_or_match_the_cpu(kind):
+    """Until the CUDA engine registers the per-pair operators, tensor gaps on CUDA tensors raise, naming the
+    operator; once it does, its results must be the CPU engine's."""
+    S, qlen, tlen = padded_batch(seed=8750)
+    gaps = gap_values(kind, "per-pair")
+    t = temperature_value(0.5, "0-d", requires_grad=True)
+    op = "posterior_per_pair" if kind == "linear" else "affine_posterior_per_pair"
+    on_cuda = {name: value.detach().cuda().requires_grad_() for name, value in gaps.items()}
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{op}", "CUDA"):
+        ops.load_engine("cuda")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{op}", "CUDA"):
+        with pytest.raises(ValueError, match=f"need the operator swcli::{op}, which the CUDA engine does not"):
+            ssw(S.cuda(), temperature=t.detach().cuda(), query_lengths=qlen.cuda(), target_lengths=tlen.cuda(),
+                **on_cuda)
+        return
+    scores, grads = parameter_gradients(S.cuda(), on_cuda, t.detach().cuda().requires_grad_(), qlen.cuda(),
+                                        tlen.cuda())
+    cpu_scores, cpu = parameter_gradients(S, gaps, t, qlen, tlen)
+    torch.testing.assert_close(scores.cpu(), cpu_scores, rtol=0, atol=1e-9)
+    for name in cpu:
+        torch.testing.assert_close(grads[name].cpu(), cpu[name], rtol=0, atol=1e-9, msg=name)
 
 
 def test_codes_take_numbers_only():
