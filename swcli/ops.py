@@ -76,10 +76,11 @@ _AFFINE_CODES = ("(Tensor query, Tensor target, Tensor matrix, Tensor? query_len
 SCHEMAS.update({
     "affine_scores": f"{_AFFINE_DENSE} -> Tensor",
     "affine_scores_codes": f"{_AFFINE_CODES} -> Tensor",
-    "affine_forward": f"{_AFFINE_DENSE} -> (Tensor, Tensor, Tensor)",
-    "affine_backward": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor? query_lengths, "
-                       "Tensor? target_lengths, float gap_open, float gap_extend, float temperature, *, "
-                       "int lane_columns=0) -> Tensor",
+    "affine_forward": ("(Tensor S, Tensor? query_lengths, Tensor? target_lengths, float gap_open, float gap_extend, "
+                       "float temperature, bool by_rows, *, int lane_columns=0) -> (Tensor, Tensor, Tensor, Tensor)"),
+    "affine_backward": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor failed, "
+                       "Tensor? query_lengths, Tensor? target_lengths, float gap_open, float gap_extend, "
+                       "float temperature, bool by_rows, *, int lane_columns=0) -> Tensor",
 })
 
 _PER_PAIR = "(Tensor S, Tensor? query_lengths, Tensor? target_lengths, Tensor gap, Tensor temperature)"
@@ -310,47 +311,49 @@ def _affine_scores_codes_fake(query, target, matrix, query_lengths, target_lengt
 
 
 @torch.library.register_fake("swcli::affine_forward")
-def _affine_forward_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature, *, lane_columns=0):
+def _affine_forward_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature, by_rows, *,
+                         lane_columns=0):
     _load_engine_for_fake(S.device)
     # As the linear forward's: the state's layout is the engine's own (the CPU keeps three tables).
     state_size = _state_size(S, 3)
     B = S.shape[0]
-    return S.new_empty(B), S.new_empty(state_size), S.new_empty(B, dtype=torch.int64)
+    return (S.new_empty(B), S.new_empty(state_size), S.new_empty(B, dtype=torch.int64),
+            S.new_empty(1, dtype=torch.int32))
 
 
 @torch.library.register_fake("swcli::affine_backward")
-def _affine_backward_fake(grad_scores, S, state, best, query_lengths, target_lengths, gap_open, gap_extend,
-                          temperature, *, lane_columns=0):
+def _affine_backward_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap_open, gap_extend,
+                          temperature, by_rows, *, lane_columns=0):
     return S.new_empty(S.shape)
 
 
-def _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, gap_open, gap_extend,
-                              temperature, lane_columns):
-    ctx.save_for_backward(S, query_lengths, target_lengths, state, best)
-    ctx.settings = (gap_open, gap_extend, temperature, lane_columns)
+def _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap_open, gap_extend,
+                              temperature, by_rows, lane_columns):
+    ctx.save_for_backward(S, query_lengths, target_lengths, state, best, failed)
+    ctx.settings = (gap_open, gap_extend, temperature, by_rows, lane_columns)
 
 
 def _affine_gradient(ctx, grad_scores):
     """d score / d S with affine gaps: the posterior of the match states on the paths that end at the best
     cell, by the engine's backward from what its forward kept."""
-    S, query_lengths, target_lengths, state, best = ctx.saved_tensors
-    gap_open, gap_extend, temperature, lane_columns = ctx.settings
+    S, query_lengths, target_lengths, state, best, failed = ctx.saved_tensors
+    gap_open, gap_extend, temperature, by_rows, lane_columns = ctx.settings
     with torch.no_grad():
-        grad = _affine_backward(grad_scores, S, state, best, query_lengths, target_lengths, gap_open, gap_extend,
-                                temperature, lane_columns=lane_columns)
+        grad = _affine_backward(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap_open,
+                                gap_extend, temperature, by_rows, lane_columns=lane_columns)
     return _once_differentiable((S, grad_scores), grad)[0]
 
 
 def _setup_affine_forward_context(ctx, inputs, keyword_only_inputs, output):
-    S, query_lengths, target_lengths, gap_open, gap_extend, temperature = inputs
-    _, state, best = output
-    ctx.mark_non_differentiable(state, best)
-    _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, gap_open, gap_extend, temperature,
-                              keyword_only_inputs["lane_columns"])
+    S, query_lengths, target_lengths, gap_open, gap_extend, temperature, by_rows = inputs
+    _, state, best, failed = output
+    ctx.mark_non_differentiable(state, best, failed)
+    _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap_open, gap_extend,
+                              temperature, by_rows, keyword_only_inputs["lane_columns"])
 
 
-def _affine_forward_gradient(ctx, grad_scores, _grad_state, _grad_best):
-    return _affine_gradient(ctx, grad_scores), None, None, None, None, None
+def _affine_forward_gradient(ctx, grad_scores, _grad_state, _grad_best, _grad_failed):
+    return _affine_gradient(ctx, grad_scores), None, None, None, None, None, None
 
 
 torch.library.register_autograd("swcli::affine_forward", _affine_forward_gradient,
@@ -362,17 +365,17 @@ class _AffineForwardWithGradient(torch.autograd.Function):
     _ForwardWithGradient for why): the same saved tensors and backward."""
 
     @staticmethod
-    def forward(ctx, S, query_lengths, target_lengths, gap_open, gap_extend, temperature):
+    def forward(ctx, S, query_lengths, target_lengths, gap_open, gap_extend, temperature, by_rows):
         with torch._C._AutoDispatchBelowAutograd():
-            scores, state, best = _affine_forward(S, query_lengths, target_lengths, gap_open, gap_extend,
-                                                  temperature)
-        _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, gap_open, gap_extend,
-                                  temperature, 0)
+            scores, state, best, failed = _affine_forward(S, query_lengths, target_lengths, gap_open, gap_extend,
+                                                          temperature, by_rows)
+        _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap_open, gap_extend,
+                                  temperature, by_rows, 0)
         return scores
 
     @staticmethod
     def backward(ctx, grad_scores):
-        return _affine_gradient(ctx, grad_scores), None, None, None, None, None
+        return _affine_gradient(ctx, grad_scores), None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -560,12 +563,12 @@ def _check_ranges(checks) -> None:
     device in one round trip, since each read waits for the device. A graph being compiled cannot read
     the device: there each check is queued on it (torch._assert_async), and a failure stops the graph's
     run with the message."""
-    checks = [check for check in checks if check[0].numel()]
-    if not checks:
-        return
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # (an empty check holds: no filter to trace)
         for values, low, high, message in checks:
             torch._assert_async(((values >= low) & (values <= high)).all(), message(None, None))
+        return
+    checks = [check for check in checks if check[0].numel()]
+    if not checks:
         return
     extremes = torch.stack([x for values, *_ in checks for x in torch.aminmax(values)]).tolist()
     for k, (_, low, high, message) in enumerate(checks):
@@ -663,17 +666,31 @@ def prepare_backend(backend: str) -> None:
 ROWS_WIDEST = 256
 ROWS_NARROWEST = 129
 ROWS_NARROWEST_WITH_LENGTHS = 193
+# The largest |gap_open| log2(e) / t of the scaled affine cell (affine_shared_limit in kernels/cuda/affine.cuh).
+AFFINE_SHARED_LIMIT = 100.0
 
 
 def gradient_by_rows(S: torch.Tensor, lengths: bool, gap: float, temperature: float) -> bool:
     """Whether the gradient of this call goes by rows: float32 CUDA scores at t > 0 with gap <= 0, N
     between ROWS_NARROWEST (with lengths ROWS_NARROWEST_WITH_LENGTHS) and ROWS_WIDEST, and no CUDA graph
-    being captured or compiled: the rows' backward reads one int from the device (how many pairs left
-    the scaled range), which a capture does not allow, and a compiled graph may be replayed as one."""
+    being captured, compiled or traced: the rows' backward reads one int from the device (how many pairs
+    left the scaled range), which a capture does not allow, a compiled graph may be replayed as one, and
+    a traced graph may run at other widths."""
     narrowest = ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
     return (S.is_cuda and S.dtype is torch.float32 and temperature > 0 and gap <= 0
-            and narrowest <= S.shape[2] <= ROWS_WIDEST and not torch.compiler.is_compiling()
+            and narrowest <= S.shape[2] <= ROWS_WIDEST and not _capturing_graph()
             and not torch.cuda.is_current_stream_capturing())
+
+
+def affine_gradient_by_rows(S: torch.Tensor, lengths: bool, gap_open: float, temperature: float) -> bool:
+    """Whether an affine gradient goes by rows: float32 CUDA scores at t > 0 in the scaled affine form
+    (|gap_open| log2(e) / t <= 100: a gap opening's factor 2^(gap_open log2(e) / t) at or above 2^-100,
+    kernels/cuda/affine_scaled.cuh), N up to ROWS_WIDEST, outside CUDA graph capture and compilation (as
+    gradient_by_rows). Unlike the linear table's, the affine state's path is slower at every width
+    (docs/benchmarks/h200.md), with or without lengths."""
+    return (S.is_cuda and S.dtype is torch.float32 and temperature > 0 and S.shape[2] <= ROWS_WIDEST
+            and -gap_open * (1.4426950408889634 / temperature) <= AFFINE_SHARED_LIMIT  # as the engine rounds it
+            and not _capturing_graph() and not torch.cuda.is_current_stream_capturing())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -799,9 +816,10 @@ def _affine_scores_of(S, qlen, tlen, gap_open: float, gap_extend: float, tempera
     _load_engine_for(S)
     _require_affine_kernels(S)
     if torch.jit.is_tracing() or (torch.is_grad_enabled() and S.requires_grad):
+        by_rows = affine_gradient_by_rows(S, qlen is not None or tlen is not None, gap_open, temperature)
         if _capturing_graph():
-            return _affine_forward(S, qlen, tlen, gap_open, gap_extend, temperature)[0]
-        return _AffineForwardWithGradient.apply(S, qlen, tlen, gap_open, gap_extend, temperature)
+            return _affine_forward(S, qlen, tlen, gap_open, gap_extend, temperature, by_rows)[0]
+        return _AffineForwardWithGradient.apply(S, qlen, tlen, gap_open, gap_extend, temperature, by_rows)
     return _affine_scores(S, qlen, tlen, gap_open, gap_extend, temperature)
 
 
@@ -838,9 +856,11 @@ def _scores_and_posterior(S, qlen, tlen, gaps, temperature: float, backend: str)
             posterior = _backward(ones, S.detach(), state, best, failed, qlen, tlen, gaps[0], temperature, by_rows)
     else:
         _require_affine_kernels(S)
-        scores, state, best = _affine_forward(S, qlen, tlen, *gaps, temperature)
+        by_rows = affine_gradient_by_rows(S, qlen is not None or tlen is not None, gaps[0], temperature)
+        scores, state, best, failed = _affine_forward(S, qlen, tlen, *gaps, temperature, by_rows)
         with torch.no_grad():
-            posterior = _affine_backward(ones, S.detach(), state, best, qlen, tlen, *gaps, temperature)
+            posterior = _affine_backward(ones, S.detach(), state, best, failed, qlen, tlen, *gaps, temperature,
+                                         by_rows)
     return scores, posterior
 
 
@@ -862,7 +882,7 @@ def _per_pair_parameters(S, gaps, temperature):
         if value.dtype == torch.bool or value.dtype.is_complex:
             raise ValueError(f"{name} must hold real numbers, got dtype {value.dtype}")
         values.append(value.to(device=S.device, dtype=S.dtype).expand(B))
-    if B and not _capturing_graph() and not _in_functorch() and S.device.type != "meta":
+    if not _capturing_graph() and not _in_functorch() and S.device.type != "meta" and B:
         _check_per_pair_values(names, values, needs_positive_temperature=torch.is_grad_enabled()
                                and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
     return values

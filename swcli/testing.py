@@ -401,6 +401,21 @@ class CpuEngineCalls:
         return scores, int(log_pairs.item())
 
 
+# Shapes of the gradient by rows' tests ((B, M, N), with per-pair lengths): every case of its kernels.
+ROWS_SHAPES = {
+    "300x256 full": ((40, 300, 256), False),  # 38 bands, every lane full
+    "37x200 lengths": ((60, 37, 200), True),  # columns past the target in a lane (masked)
+    "1x4": ((9, 1, 4), False),
+    "20x8 full": ((9, 20, 8), False),  # 31 lanes past N, on S = 0
+    "70x132 lengths": ((30, 70, 132), True),
+    "17x12": ((25, 17, 12), False),  # N not a multiple of 8: masked
+    "90x254": ((30, 90, 254), False),  # N not a multiple of 4: through the staging row
+    "45x250 lengths": ((50, 45, 250), True),
+    "33x7": ((20, 33, 7), False),
+    "1x1": ((5, 1, 1), False),
+}
+
+
 class CudaEngineCalls:
     """Mixin of a test class: the CUDA engine's operators called directly (dense, from codes, the
     gradient by rows), each with what the tests check of it."""
@@ -439,6 +454,17 @@ class CudaEngineCalls:
         scores, kept, best_row, failed = torch.ops.swcli.forward(S, qlen, tlen, gap, t, True)
         assert failed.item() == 0
         return scores, torch.ops.swcli.backward(grad_out, S, kept, best_row, failed, qlen, tlen, gap, t, True)
+
+    @staticmethod
+    def affine_rows_gradient(S, qlen, tlen, gap_open, gap_extend, t, grad_out):
+        """The same with affine gaps."""
+        from swcli.ops import load_engine
+
+        load_engine("cuda")
+        scores, kept, best_row, failed = torch.ops.swcli.affine_forward(S, qlen, tlen, gap_open, gap_extend, t, True)
+        assert failed.item() == 0
+        return scores, torch.ops.swcli.affine_backward(grad_out, S, kept, best_row, failed, qlen, tlen, gap_open,
+                                                       gap_extend, t, True)
 
 
 # --------------------------------------------------------------------------------------------------

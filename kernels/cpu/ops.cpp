@@ -356,17 +356,19 @@ at::Tensor op_affine_scores(const at::Tensor& S, const std::optional<at::Tensor>
                                           lane_columns, false));
 }
 
-// (scores, state, best): best is the CUDA engine's record of each pair's best cell; the CPU backward
-// finds that cell again in H (the first maximal cell in row-major order), so here it is -1 everywhere.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> op_affine_forward(const at::Tensor& S,
-                                                                 const std::optional<at::Tensor>& query_lengths,
-                                                                 const std::optional<at::Tensor>& target_lengths,
-                                                                 double gap_open, double gap_extend,
-                                                                 double temperature, int64_t lane_columns) {
+// (scores, state, best, failed) as the CUDA engine returns them: best is its record of each pair's best
+// cell; the CPU backward finds that cell again in H (the first maximal cell in row-major order), so here
+// it is -1 everywhere, and failed is 0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> op_affine_forward(
+    const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
+    const std::optional<at::Tensor>& target_lengths, double gap_open, double gap_extend, double temperature,
+    bool by_rows, int64_t lane_columns) {
+  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
   auto [scores, state] = affine_dense_forward(S, query_lengths, target_lengths, gap_open, gap_extend, temperature,
                                               lane_columns, true);
   at::Tensor best = at::full({S.size(0)}, -1, at::TensorOptions().dtype(at::kLong));
-  return {scores, state, best};
+  at::Tensor failed = at::zeros({1}, at::TensorOptions().dtype(at::kInt));
+  return {scores, state, best, failed};
 }
 
 // Scores (B,) float32 of code pairs with affine gaps.
@@ -429,11 +431,13 @@ at::Tensor affine_dense_backward(const at::Tensor& grad_scores, const at::Tensor
   return grad_S;
 }
 
-// grad_S (B, M, N) from op_affine_forward's state; best is the CUDA engine's and unused here.
+// grad_S (B, M, N) from op_affine_forward's state; best and failed are the CUDA engine's and unused here.
 at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
-                              const at::Tensor& /*best*/, const std::optional<at::Tensor>& query_lengths,
+                              const at::Tensor& /*best*/, const at::Tensor& /*failed*/,
+                              const std::optional<at::Tensor>& query_lengths,
                               const std::optional<at::Tensor>& target_lengths, double gap_open, double gap_extend,
-                              double temperature, int64_t lane_columns) {
+                              double temperature, bool by_rows, int64_t lane_columns) {
+  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
   check_lane_columns(lane_columns);
   return affine_dense_backward(grad_scores, S, state, query_lengths, target_lengths, gap_open, gap_extend,
                                temperature, nullptr, nullptr);
