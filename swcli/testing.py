@@ -348,6 +348,33 @@ def reference_gradient(S, gap, t, qlen, tlen, grad_out, *, gap_extend=None):
     return out.detach(), S64.grad
 
 
+def parameter_gradients(S, gaps: dict, temperature, qlen=None, tlen=None, grad_out=None, backend=None):
+    """(scores, {name: gradient}) of (scores * grad_out).sum() by S and by every tensor among `gaps`
+    (gap, or gap_open and gap_extend) and `temperature` that requires grad: the op on S's device with the
+    compiled backend for it, or `backend`. The inputs are cloned, so one set serves several backends."""
+    import swcli
+
+    if backend is None:
+        backend = BACKENDS_FOR(S.device)
+    S = S.detach().clone().requires_grad_()
+
+    def fresh(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        return value.detach().clone().requires_grad_(value.requires_grad)
+
+    gaps = {name: fresh(value) for name, value in gaps.items()}
+    temperature = fresh(temperature)
+    scores = swcli.soft_smith_waterman(S, temperature=temperature, query_lengths=qlen, target_lengths=tlen,
+                                       backend=backend, **gaps)
+    named = {"S": S, **gaps, "temperature": temperature}
+    named = {name: x for name, x in named.items() if isinstance(x, torch.Tensor) and x.requires_grad}
+    if grad_out is None:
+        grad_out = torch.ones_like(scores)
+    grads = torch.autograd.grad((scores * grad_out).sum(), list(named.values()))
+    return scores.detach(), dict(zip(named, grads))
+
+
 # --------------------------------------------------------------------------------------------------
 # The engines called directly, past the op: the one place that knows their Python interface
 
