@@ -193,6 +193,34 @@ def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> 
     return rows
 
 
+def search_rows(backend: str, records: list[FastaRecord], residues: int, queries: int = 4) -> list[Row]:
+    """`search`'s loop (Searcher: each query against every block, its best 10 on the device): the first
+    `queries` records against the records repeated to about `residues` residues, BLOSUM62, top 10; linear
+    gap -4 at t = 0 (on CUDA the exact 16-bit kernel) and t = 1, and affine -11/-1 at t = 0. Time: the
+    scoring calls of every query (CUDA events, or the host clock on the CPU), after one untimed query."""
+    from swcli.database import build
+    from swcli.search import Searcher
+
+    matrix = load_matrix("BLOSUM62")
+    copies = max(1, residues // max(1, sum(len(r.sequence) for r in records)))
+    db = build([FastaRecord("bench", k + 1, f"s{k}", r.sequence)
+                for k, r in enumerate(records * copies)], matrix, "bench")
+    codes = [matrix.encode(r.sequence, r.where) for r in records[:queries]]
+    cells = sum(len(c) for c in codes) * db.residues
+    device = "cuda" if backend == "cuda" else "cpu"
+    rows = []
+    for temperature, gaps, note in ((0.0, {"gap": -4.0}, "gap -4"), (1.0, {"gap": -4.0}, "gap -4"),
+                                    (0.0, {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}, "affine -11/-1")):
+        searcher = Searcher(db, matrix.tensor(), gaps.pop("gap"), temperature, 10, backend, device, **gaps)
+        searcher.best(codes[0])
+        seconds = sum(searcher.finish(searcher.launch(c))[1] for c in codes)
+        kernel = ("the exact 16-bit kernel" if searcher.exact is not None
+                  else "the op's sweep from codes")
+        rows.append(Row(f"search ({len(db):,} sequences)", backend, temperature, len(codes) * len(db), cells,
+                        seconds, f"BLOSUM62, {note}, {len(codes)} queries, top 10: {kernel}"))
+    return rows
+
+
 def log_space_pairs(counted_call) -> int:
     """How many pairs counted_call(), one call of a counted operator (scores_counted,
     scores_codes_counted), scored in log space rather than by the scaled sweep: 0 unless some pair holds a
@@ -392,11 +420,13 @@ def run_benchmarks(backend: str, fasta: str | None, pairs: int, repeats: int, as
     if backend == "cuda":
         calls = max(repeats, 200)  # CUDA events are cheap: the median of many calls
         rows = (cuda_seed_rows(calls) + cuda_dense_rows(calls)
-                + real_rows(backend, records, lambda run: cuda_seconds(run, calls), 10_000))
+                + real_rows(backend, records, lambda run: cuda_seconds(run, calls), 10_000)
+                + search_rows(backend, records, 20_000_000))
         where = f"{machine()}; GPU: {gpu()}"
     else:
         rows = (seed_rows(backend, repeats) + dense_rows(backend, repeats)
-                + real_rows(backend, records, lambda run: median_seconds(run, repeats), 2048))
+                + real_rows(backend, records, lambda run: median_seconds(run, repeats), 2048)
+                + search_rows(backend, records, 100_000))
         where = machine()
     if pairs:
         rows += end_to_end_rows(backend, records, pairs)
