@@ -34,8 +34,6 @@ SEED_SHAPE = (16, 32, 32)
 # -12 - (k - 1)), timed beside the linear gap -4 on the same inputs.
 AFFINE_GAPS = {"gap_open": -12.0, "gap_extend": -1.0}
 AFFINE_NOTE = "affine gaps -12/-1 (BLAST's 11/1)"
-# What the affine rows call: without these CUDA kernels the CUDA rows are skipped, with a row saying so.
-AFFINE_OPERATORS = ("affine_scores", "affine_scores_codes", "affine_forward", "affine_backward")
 
 
 @dataclass
@@ -120,20 +118,6 @@ def affine_dense_rows(backend: str, S: torch.Tensor, workload: str, linear_forwa
     ]
 
 
-def missing_affine_kernels(backend: str) -> list[str]:
-    """The affine operators that the backend's engine has no kernel for (none on the CPU), checked with
-    the engine loaded: the CUDA engine's affine kernels come after its linear ones."""
-    key = "CUDA" if backend == "cuda" else "CPU"
-    ops.load_engine(backend)
-    return [name for name in AFFINE_OPERATORS
-            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{name}", key)]
-
-
-def affine_skipped_row(backend: str, missing: list[str]) -> Row:
-    return Row("affine rows", backend, 1.0, 0, 0, 0.0,
-               f"skipped: the {backend} engine has no kernels for {', '.join(f'swcli::{n}' for n in missing)}")
-
-
 def random_pairs(records: list[FastaRecord], count: int, seed: int = 0) -> list[tuple[FastaRecord, FastaRecord]]:
     rng = random.Random(seed)
     return [(rng.choice(records), rng.choice(records)) for _ in range(count)]
@@ -177,9 +161,6 @@ def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> 
         rows.append(Row(workload, backend, temperature, count, batch.cells, seconds(run), note))
         rows.append(Row(workload, "cuda-log", temperature, count, batch.cells, seconds(lambda: engine_call(False)),
                         "the same, every pair through the log-space sweep (operator call)"))
-    missing = missing_affine_kernels(backend)
-    if missing:
-        return rows + [affine_skipped_row(backend, missing)]
     linear = {row.temperature: row for row in rows if row.backend == backend}
     for temperature in (1.0, 0.0):
         def affine_run():
@@ -388,9 +369,6 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
                     f"backward from the table alone (operator call); with that forward "
                     f"{(keeping + backward) / rows[0].seconds:.2f}x the forward alone"))
     del table, best_at, failed, grad_S
-    missing = missing_affine_kernels("cuda")
-    if missing:
-        return rows + [affine_skipped_row("cuda", missing)]
     return rows + affine_dense_rows("cuda", S, f"dense B={batch} {size}x{size}", rows[0],
                                     lambda run: cuda_seconds(run, calls),
                                     lambda run: cuda_seconds(run, few, warmup=3))

@@ -808,22 +808,12 @@ def soft_smith_waterman(
     return (scores, posterior) if return_posterior else scores
 
 
-def _require_affine_kernels(tensor: torch.Tensor) -> None:
-    """A clear error, instead of the dispatcher's, where the engine of a CUDA tensor has no affine kernels
-    (the CUDA engine's are not written yet); checked once they are registered, so nothing changes then."""
-    if tensor.is_cuda and not torch.compiler.is_compiling() and not torch._C._dispatch_has_kernel_for_dispatch_key(
-            "swcli::affine_scores", "CUDA"):
-        raise ValueError("affine gaps (gap_open, gap_extend) have no CUDA kernels yet: score CPU tensors, or use "
-                         "backend='reference'")
-
-
 def _affine_scores_of(S, qlen, tlen, gap_open: float, gap_extend: float, temperature: float,
                       backend: str) -> torch.Tensor:
     """soft_smith_waterman's affine scores of float32/float64 S, past its checks."""
     if backend == "reference":
         return soft_smith_waterman_affine_reference(S, gap_open, gap_extend, temperature, qlen, tlen)
     _load_engine_for(S)
-    _require_affine_kernels(S)
     if torch.jit.is_tracing() or (torch.is_grad_enabled() and S.requires_grad):
         by_rows = affine_gradient_by_rows(S, qlen is not None or tlen is not None, gap_open, temperature)
         if _capturing_graph():
@@ -864,7 +854,6 @@ def _scores_and_posterior(S, qlen, tlen, gaps, temperature: float, backend: str)
         with torch.no_grad():
             posterior = _backward(ones, S.detach(), state, best, failed, qlen, tlen, gaps[0], temperature, by_rows)
     else:
-        _require_affine_kernels(S)
         by_rows = affine_gradient_by_rows(S, qlen is not None or tlen is not None, gaps[0], temperature)
         scores, state, best, failed = _affine_forward(S, qlen, tlen, *gaps, temperature, by_rows)
         with torch.no_grad():
@@ -1020,7 +1009,6 @@ def score_checked_codes(query_codes, target_codes, matrix, gap: float | None, te
         return soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
     _load_engine_for(query_codes)
     if affine:
-        _require_affine_kernels(query_codes)
         return _affine_scores_codes(query_codes, target_codes, matrix, qlen, tlen, gap_open, gap_extend, temperature)
     return _scores_codes(query_codes, target_codes, matrix, qlen, tlen, gap, temperature)
 

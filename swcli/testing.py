@@ -315,18 +315,6 @@ def run(S, gap=-1.0, t=1.0, qlen=None, tlen=None, backend=None, *, gap_extend=No
     return swcli.soft_smith_waterman(S, gap, t, qlen, tlen, backend=backend)
 
 
-def require_affine_kernels(device) -> None:
-    """Load the engine of `device` and skip the test where that engine has no affine kernels yet (the
-    CUDA engine's come later), so that those cases run, and must pass, as soon as it has them. The CPU
-    engine has them: a CPU case is never skipped here."""
-    from swcli.ops import load_engine
-
-    device = torch.device(device)
-    load_engine(device)
-    if device.type == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key("swcli::affine_scores", "CUDA"):
-        pytest.skip("affine CUDA kernels not built yet")
-
-
 def window_mask(B, M, N, qlen, tlen):
     """True outside each pair's (qlen, tlen) window."""
     rows = torch.arange(M).view(1, M, 1) >= qlen.cpu().view(B, 1, 1)

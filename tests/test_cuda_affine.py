@@ -22,7 +22,6 @@ from swcli.testing import (
     random_scores,
     reference_gradient,
     related_protein_pairs,
-    require_affine_kernels,
     requires_cuda,
     score_matrices,
     slow,
@@ -61,8 +60,8 @@ class TestCudaAffine:
     device = torch.device("cuda")
 
     @pytest.fixture(autouse=True)
-    def _kernels(self):
-        require_affine_kernels(self.device)
+    def _engine(self):
+        load_engine("cuda")
 
     # -- scores
 

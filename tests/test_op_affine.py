@@ -29,24 +29,12 @@ from swcli.testing import (
     random_scores,
     reference_gradient,
     related_protein_pairs,
-    require_affine_kernels,
     run,
     score_matrices,
     window_mask,
 )
 
 ssw = swcli.soft_smith_waterman
-
-# Parametrised over the devices of swcli.testing: a CUDA case is skipped while the CUDA engine has no affine
-# kernels (require_affine_kernels), and runs, and must pass, once it has them.
-
-
-@pytest.fixture(autouse=True)
-def _affine_kernels(request):
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and "device" in callspec.params:
-        require_affine_kernels(callspec.params["device"])
-
 
 def affine_run(S, gap_open, gap_extend, t, qlen=None, tlen=None):
     return run(S, gap_open, t, qlen, tlen, gap_extend=gap_extend)
