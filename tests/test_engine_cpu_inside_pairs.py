@@ -184,9 +184,8 @@ class TestSoftStrips(CpuEngineCalls):
         pairs += random_protein_pairs(seed=20_701, count=2, min_length=300, max_length=1200)
         S, qlen, tlen = score_matrices(pairs, dtype=torch.float64)
         exact, _ = self.dense(S, qlen, tlen, gap, t)
-        strips, to_log = self.dense(S.float(), qlen, tlen, gap, t)
+        strips, _ = self.dense(S.float(), qlen, tlen, gap, t)  # dense: the strips for pairs of 2^20 cells
         log, _ = self.dense(S.float(), qlen, tlen, gap, t, scaled=False)
-        assert to_log == 0
         relative = lambda x: ((x.double() - exact).abs() / exact.abs().clamp_min(1)).max().item()  # noqa: E731
         assert relative(strips) <= max(relative(log), 2e-7)
         q, tg, ql, tl, m = code_batch(pairs)
@@ -209,23 +208,26 @@ class TestSoftStrips(CpuEngineCalls):
             assert self.dense(wide, None, None, -4.0, 1.0)[0].item() == batch[b].item()
 
     def test_nan_and_infinite_scores_keep_their_meaning(self):
-        B, M, N = 4, 130, 150
+        # dense pairs take the strips from 2^20 cells
+        B, M, N = 4, 1030, 1025
         S = random_scores((B, M, N), seed=20_900, dtype=torch.float32, scale=2.0)
         clean, _ = self.dense(S, None, None, -1.0, 1.0)
-        S[1, 120, 20] = float("nan")
-        S[2, 3, 140] = float("inf")
-        S[3, 10:60, 10:60] = -float("inf")  # contributes nothing: stays in the strips
+        S[1, 1000, 20] = float("nan")
+        S[2, 3, 1020] = float("inf")
+        S[3, 10:600, 10:600] = -float("inf")  # contributes nothing: stays in the strips
         out, _ = self.dense(S, None, None, -1.0, 1.0)
         assert out[0].item() == clean[0].item()
         assert math.isnan(out[1].item()) and out[2].item() == math.inf
-        assert_close_to_reference(out[3:], S[3:], -1.0, 1.0)
+        exact, _ = self.dense(S[3:].double(), None, None, -1.0, 1.0)
+        torch.testing.assert_close(out[3:].double(), exact, rtol=1e-6, atol=1e-4)
 
     def test_scores_past_the_cells_range_leave_for_the_sweeps_across_pairs(self):
-        # S c past 50 (a score of 40 at t = 0.5): the pair is scored across pairs, as before
-        S = random_scores((2, 130, 140), seed=21_000, dtype=torch.float32)
-        S[0, 70, 70] = 40.0
+        # S c past 50 (a score of 40 at t = 0.5) in a pair the strips take: it is scored across pairs
+        S = random_scores((2, 1030, 1025), seed=21_000, dtype=torch.float32)
+        S[0, 700, 700] = 40.0
         out, _ = self.dense(S, None, None, -1.0, 0.5)
-        assert_close_to_reference(out, S, -1.0, 0.5)
+        exact, _ = self.dense(S.double(), None, None, -1.0, 0.5)
+        torch.testing.assert_close(out.double(), exact, rtol=1e-6, atol=1e-4)
         # a matrix with an infinite entry keeps every pair of the call across pairs, with its meaning
         pairs = random_protein_pairs(seed=21_001, count=2, min_length=130, max_length=200)
         q, tg, ql, tl, m = code_batch(pairs)
@@ -252,9 +254,12 @@ def test_every_dtype_on_a_long_pair(dtype):
 @pytest.mark.parametrize("t", [0.0, 1.0])
 def test_gradient_of_a_long_pair_against_float64(t):
     """The float32 gradient within max(1e-4, twice the log-space float32 engine's error) of the float64
-    engine's, on pairs too long for the reference loop; the scores the same bits as without gradient."""
-    pairs = related_protein_pairs(seed=21_200, count=2, min_length=300, max_length=400)
+    engine's, on a pair too long for the reference loop (dense pairs take the strips from 2^20 cells),
+    beside a short one; the scores the same bits as without gradient."""
+    pairs = related_protein_pairs(seed=21_200, count=1, min_length=1100, max_length=1100)
+    pairs += related_protein_pairs(seed=21_201, count=1, min_length=300, max_length=400)
     S, qlen, tlen = score_matrices(pairs, dtype=torch.float64)
+    assert qlen[0] * tlen[0] >= 1 << 20
     grad_out = torch.tensor([1.0, 0.5], dtype=torch.float64)
 
     def gradient(S, **knobs):

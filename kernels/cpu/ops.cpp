@@ -98,14 +98,14 @@ DenseSource<T> dense_source(const at::Tensor& S, const at::Tensor& tlen) {
 }
 
 // The pairs of `pairs` (every pair of the batch when empty) that take the strips, and the others, which
-// stay with the sweeps across pairs. The rule is the pair's own (its lengths), never the batch's, so
-// that a pair gets the same bits alone or in any batch.
-void split_by_strips(const Problem& pr, bool strips_allowed, std::vector<int64_t>& strips,
+// stay with the sweeps across pairs. The rule is the pair's own (its lengths, whether its scores are
+// dense), never the batch's, so that a pair gets the same bits alone or in any batch.
+void split_by_strips(const Problem& pr, bool strips_allowed, bool dense, std::vector<int64_t>& strips,
                      std::vector<int64_t>& across, const std::vector<int64_t>& pairs = {}) {
   const int64_t count = pairs.empty() ? pr.B : static_cast<int64_t>(pairs.size());
   for (int64_t n = 0; n < count; ++n) {
     const int64_t b = pairs.empty() ? n : pairs[n];
-    (strips_allowed && strips_take(pr.qlen[b], pr.tlen[b]) ? strips : across).push_back(b);
+    (strips_allowed && strips_take(pr.qlen[b], pr.tlen[b], dense) ? strips : across).push_back(b);
   }
 }
 
@@ -132,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor> dense_forward(const at::Tensor& S, const std:
       if (temperature == 0) {  // long pairs in the hard strips, the others across pairs: the same floats
         float* table = keep_dp_table ? dp.data_ptr<float>() : nullptr;
         std::vector<int64_t> strips, across;
-        split_by_strips(pr, true, strips, across);
+        split_by_strips(pr, true, true, strips, across);
         hard_strip_scores_dense(pr, S.data_ptr<float>(), S.stride(0), S.stride(1), S.stride(2), strips,
                                 static_cast<float>(gap), scores.data_ptr<float>(), table, across);
         if (!across.empty()) {
@@ -145,7 +145,7 @@ std::tuple<at::Tensor, at::Tensor> dense_forward(const at::Tensor& S, const std:
       if (scaled_applies(scaled, gap, temperature)) {
         float* table = keep_dp_table ? dp.data_ptr<float>() : nullptr;
         std::vector<int64_t> strips, across;
-        split_by_strips(pr, soft_strips_apply(gap, temperature, 0.0), strips, across);
+        split_by_strips(pr, soft_strips_apply(gap, temperature, 0.0), true, strips, across);
         soft_strip_scores_dense(pr, S.data_ptr<float>(), S.stride(0), S.stride(1), S.stride(2), strips,
                                 static_cast<float>(gap), t, scores.data_ptr<float>(), table, across);
         std::sort(across.begin(), across.end());
@@ -260,9 +260,9 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
         (striped_takes(pr.qlen[b], pr.tlen[b], shared) ? striped : in_float).push_back(b);
       striped_scores(pr, in.source, integers, striped, scores.data_ptr<float>(), in_float);
       std::sort(in_float.begin(), in_float.end());
-      if (!in_float.empty()) split_by_strips(pr, true, strips, across, in_float);
+      if (!in_float.empty()) split_by_strips(pr, true, false, strips, across, in_float);
     } else {
-      split_by_strips(pr, true, strips, across);
+      split_by_strips(pr, true, false, strips, across);
     }
     if (!strips.empty()) {
       const float* m = in.table.data_ptr<float>();
@@ -283,7 +283,7 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
     bool finite = true;
     for (int64_t x = 0; x < K * K; ++x) finite = finite && std::isfinite(m[x]), largest = std::max(largest, m[x]);
     std::vector<int64_t> strips, across;
-    split_by_strips(pr, finite && soft_strips_apply(gap, temperature, largest), strips, across);
+    split_by_strips(pr, finite && soft_strips_apply(gap, temperature, largest), false, strips, across);
     if (!strips.empty()) {
       const double c = log2e_over<float>(temperature);
       std::vector<float> all_powers(K * K), transposed(K * K);

@@ -124,15 +124,17 @@ inline Lanes<float>::V shift_lanes(Lanes<float>::V v, Lanes<float>::V entering) 
 #endif
 }
 
-// Whether a pair of q x t cells takes the strips rather than the sweeps across pairs: where at least
-// half its lane steps are cells (a strip's first and last 63 steps are part idle, and so are the lanes
-// past the rows), and any pair of a million cells or more, which across pairs would hold one lane of
-// its worker for all that time. Across pairs a cell costs about twice a strip's (2.5 against 1.1 to 1.3
-// GCUPS on one core at t = 1).
-inline bool strips_take(int64_t q, int64_t t) {
+// Whether a pair of q x t cells takes the strips rather than the sweeps across pairs: from codes, where
+// at least half its lane steps are cells (a strip's first and last 63 steps are part idle, and so are
+// the lanes past the rows), and any pair of 2^20 cells or more, which across pairs would hold one lane
+// of its worker for all that time; across pairs a cell costs about twice a strip's (2.5 against 1.1 to
+// 1.3 GCUPS on one core at t = 1). Dense scores only from 2^20 cells: the strips' gathers from 64 rows
+// of S, strided, make them slower than the sweep across pairs on a batch (B = 256, 256 x 256, one
+// core: 0.6 against 0.8 GCUPS at t = 1), and much faster on a pair alone.
+inline bool strips_take(int64_t q, int64_t t, bool dense) {
   if (q == 0 || t == 0) return false;
   const int64_t steps = std::min(strip_steps(q, t, kStripRows), strip_steps(t, q, kStripRows));
-  return 2 * q * t >= steps || q * t >= kStripSplitCells;
+  return q * t >= kStripSplitCells || (!dense && 2 * q * t >= steps);
 }
 
 // Lane index vector of pack k: 16 k + e.
