@@ -203,10 +203,12 @@ def _columns(format_output: str, lambda_: Optional[float], k: Optional[float]) -
     return columns
 
 
-def _formatter(columns: tuple[str, ...], settings, lambda_: Optional[float], k: Optional[float], quiet: bool):
+def _formatter(columns: tuple[str, ...], settings, lambda_: Optional[float], k: Optional[float], quiet: bool,
+               group=None):
     """The details' formatter of the columns (None for the default columns: the plain rows are written),
-    with lambda and K (given, cached or estimated now) where evalue or bits are asked for; their values go
-    to stderr unless --quiet."""
+    with lambda and K (given, cached or estimated now, by rank 0 of a distributed group and shared) where
+    evalue or bits are asked for; their values go to stderr unless --quiet."""
+    from swcli import distributed
     from swcli.details import DEFAULT_COLUMNS, STATISTICS_COLUMNS, Formatter
 
     if columns == DEFAULT_COLUMNS:
@@ -217,7 +219,7 @@ def _formatter(columns: tuple[str, ...], settings, lambda_: Optional[float], k: 
     if STATISTICS_COLUMNS & set(columns):
         from swcli.statistics import parameters, setting_name
 
-        statistics = parameters(settings, lambda_, k)
+        statistics = distributed.shared(group, lambda: parameters(settings, lambda_, k))
         if not quiet:
             typer.echo(f"swcli: Karlin-Altschul {statistics.describe()} for {setting_name(settings)}", err=True)
     return Formatter(columns, settings, statistics, torch.get_num_threads())
@@ -313,14 +315,19 @@ def align(
 ):
     """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order), or the
     --format-output columns."""
-    from swcli import _host
-    from swcli.output import TsvWriter, chunk_rows
-    from swcli.pipeline import Stats, align_chunks
+    from swcli import _host, distributed
+    from swcli.output import chunk_rows
+    from swcli.pipeline import Stats
 
     columns = _columns(format_output, lambda_, k)
-    settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend, chunk_size=chunk_size)
-    _host.load()
-    formatter = _formatter(columns, settings, lambda_, k, quiet)
+    group = distributed.start((queries, targets))  # None unless started by torchrun
+    quiet = quiet or not distributed.is_leader(group)
+    with distributed.phase(group):
+        settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend,
+                             chunk_size=chunk_size)
+        _host.load()
+    distributed.check_engine(group, settings)
+    formatter = _formatter(columns, settings, lambda_, k, quiet, group)
     if formatter is not None:
         from swcli.details import chunk_detail_rows
 
@@ -337,14 +344,13 @@ def align(
     else:
         bar = _progress_bar(quiet, "pair")
     try:
-        with bar, TsvWriter(output, header, columns) as writer:
+        with bar, distributed.writer(group, output, header, columns) as writer:
             def on_chunk(s: Stats) -> None:
                 bar.update((measure.done() if measure is not None else s.pairs) - bar.n)
                 bar.set_postfix_str(f"{s.pairs:,} pairs, {s.cells / max(s.seconds, 1e-9) / 1e9:.2f} GCUPS",
                                     refresh=False)
 
-            for chunk, scores in align_chunks(chunks, settings, stats, on_chunk):
-                writer.write_bytes(rows_of(chunk, scores))
+            distributed.align_rows(group, chunks, settings, rows_of, writer, stats, on_chunk)
             if measure is not None:
                 bar.update(measure.total - bar.n)  # the files are read to their end
     except BrokenPipeError:
@@ -413,18 +419,25 @@ def search(
     """Search every query against every database sequence; write the best --top hits of each query as TSV:
     query, target, qlen, tlen, score (queries in input order, hits by descending score), or the
     --format-output columns."""
-    from swcli import _host
+    from functools import partial
+
+    from swcli import _host, distributed
     from swcli.search import check_inputs, run_search
 
     check_inputs(queries, database)
     columns = _columns(format_output, lambda_, k)
-    settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
-    _host.load()
-    formatter = _formatter(columns, settings, lambda_, k, quiet)
+    group = distributed.start((queries, database))  # None unless started by torchrun
+    quiet = quiet or not distributed.is_leader(group)
+    with distributed.phase(group):
+        settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
+        _host.load()
+    distributed.check_engine(group, settings)
+    formatter = _formatter(columns, settings, lambda_, k, quiet, group)
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
+    run = run_search if group is None else partial(distributed.run_search, group)
     try:
-        run_search(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
-                   progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter)
+        run(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
+            progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(141) from None
