@@ -52,6 +52,7 @@ import torch.distributed as dist
 from swcli import interrupt
 from swcli.errors import SwcliError
 
+SPIN_SECONDS = 200e-6  # how long a wait polls without sleeping, then in sleeps of growing length up to 5 ms
 DEFAULT_TIMEOUT = 1800.0  # seconds a rank waits for the others at one collective (the engine's first build included)
 ENGINES = ("cpu", "cuda", "reference")
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -108,10 +109,15 @@ class Group:
     def wait(self, work) -> None:
         """Wait for an asynchronous collective in short sleeps, so that a signal is handled at once,
         and at most `timeout` seconds."""
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline, spin = started + self.timeout, started + SPIN_SECONDS
         pause = 20e-6
         while not work.is_completed():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now < spin:  # a collective among waiting ranks ends within tens of microseconds
+                time.sleep(0)
+                continue
+            if now > deadline:
                 self.lost = True
                 raise LostContact(f"rank {self.rank}: the other processes did not answer within {self.timeout:g} s "
                                   "(SWCLI_DISTRIBUTED_TIMEOUT); one of them may have stopped")
