@@ -458,12 +458,10 @@ def search_shard(group: Group, searcher, query_codes: list[bytes], consume) -> N
     As in search.search_rows, the scoring runs in a worker thread, waited for in short steps, and query
     k + 1 is queued on the device before the hits of query k are read; the all-gather of query k's keys
     starts once its work is queued, so on CUDA it waits for that work alone."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from swcli.pipeline import counted_call, wait_for
+    from swcli.pipeline import counted_call, scoring_pool, wait_for
     from swcli.search import hits_of
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-search")
+    pool = scoring_pool(searcher.device, "swcli-search")
     failure, previous, finished = None, None, False
     try:
         for k, codes in enumerate(chain(query_codes, [None])):  # None: finish the last query

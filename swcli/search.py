@@ -354,9 +354,7 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
     before any output); settings: the pipeline's Settings (matrix, gaps, temperature, backend). The
     scoring runs in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
     honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from swcli.pipeline import counted_call, wait_for
+    from swcli.pipeline import counted_call, scoring_pool, wait_for
 
     stats = stats if stats is not None else SearchStats()
     rows_of = HitRows(db, formatter)
@@ -365,7 +363,7 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
                         gap_extend=settings.gap_extend)
     stats.sequences, stats.residues = len(db), db.residues
     stats.host_bytes, stats.device_bytes, stats.resident = db.nbytes, searcher.device_bytes, searcher.resident is not None
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-search")
+    pool = scoring_pool(searcher.device, "swcli-search")
     finished = False
     try:
         queries, pending = list(queries), None
