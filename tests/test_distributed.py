@@ -101,6 +101,36 @@ def test_sharded_search_equals_one_searcher_bit_for_bit(device, t):
                 assert torch.equal(got.targets, want.targets) and torch.equal(got.scores, want.scores)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("gaps", [{"gap": -4.0}, {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}])
+@pytest.mark.parametrize("t", [0.5, 1.0])
+def test_rows_of_length_zero_leave_the_other_rows_bits_on_cuda(gaps, t):
+    """What the shards rely on where the CUDA engine's choices depend on the whole call (lanes by the
+    batch's size, the longest pairs relayed by blocks of warps, at most 2 per SM): 1,500 pairs whose work
+    all passes the relay threshold; zeroing the head or the tail of the block, as a shard's cut does,
+    leaves every other row's score the same, bit for bit."""
+    from swcli.ops import score_checked_codes
+
+    load_engine("cuda")
+    rng = random.Random(8)
+    query = torch.tensor(list(BLOSUM62.encode(random_protein(rng, 1100), lambda: "q")), dtype=torch.uint8)
+    lengths = torch.tensor(sorted((rng.randint(300, 900) for _ in range(1500)), reverse=True))
+    codes = torch.randint(0, 20, (1500, int(lengths[0])), dtype=torch.uint8)
+    gaps = dict(gaps)
+    matrix, gap = BLOSUM62.tensor().cuda(), gaps.pop("gap")
+
+    def scores(kept):
+        cut = torch.where(kept, lengths, torch.zeros_like(lengths))
+        return score_checked_codes(query.cuda().expand(1500, -1), codes.cuda(), matrix, gap, t, None, cut.cuda(),
+                                   "cuda", **gaps).cpu()
+
+    whole = scores(torch.ones(1500, dtype=torch.bool))
+    rows = torch.arange(1500)
+    for kept in (rows >= 700, rows < 800, (rows >= 300) & (rows < 1200)):
+        assert torch.equal(scores(kept)[kept], whole[kept])
+
+
 def test_a_shard_past_the_top_and_empty_shards_merge_to_the_whole():
     db = build(["MKV", "MKVL", "ACDEF"])
     codes = [BLOSUM62.encode("MKVLA", lambda: "q")]
