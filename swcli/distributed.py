@@ -455,9 +455,10 @@ def search_shard(group: Group, searcher, query_codes: list[bytes], consume) -> N
     """Each query against this rank's shard, merged with the other ranks' hits: consume(k, hits, seconds
     of this rank's scoring calls) for query k, in order, on every rank.
 
-    As in search.search_rows, the scoring runs in a worker thread, waited for in short steps, and query
-    k + 1 is queued on the device before the hits of query k are read; the all-gather of query k's keys
-    starts once its work is queued, so on CUDA it waits for that work alone."""
+    As in search.search_rows (Searcher.step), the scoring runs in a worker thread, waited for in short
+    steps, and query k + 1 is queued on the device before query k is finished: its pairs past the 16-bit
+    kernel scored again, its keys all-gathered (one exchange per query on every rank, failed or not) and
+    merged."""
     from swcli.pipeline import counted_call, scoring_pool, wait_for
     from swcli.search import hits_of
 
@@ -474,14 +475,20 @@ def search_shard(group: Group, searcher, query_codes: list[bytes], consume) -> N
                         pending = wait_for(pool.submit(counted_call, searcher.launch, codes))
                     except Exception as exc:
                         failure = exc
-                keys = pending.keys if pending is not None else None
-                current = group.send_keys(keys, failure, searcher.top, searcher.device), pending
-            if previous is not None:
-                sent, pending = previous
-                keys = group.merged_keys(sent, failure, searcher.top)  # raises on every rank if one failed
+                current = pending
+            if k > 0:
+                keys = None
                 if failure is None:
                     try:
-                        consume(k - 1, hits_of(keys), pending.kernel_seconds())
+                        wait_for(pool.submit(counted_call, searcher.rescore_overflows, previous))
+                        keys = previous.keys
+                    except Exception as exc:
+                        failure = exc
+                sent = group.send_keys(keys, failure, searcher.top, searcher.device)
+                merged = group.merged_keys(sent, failure, searcher.top)  # raises on every rank if one failed
+                if failure is None:
+                    try:
+                        consume(k - 1, hits_of(merged), previous.kernel_seconds())
                     except Exception as exc:  # rank 0's writing: said at the next collective
                         failure = exc
             previous = current
