@@ -1,6 +1,9 @@
 """What torchrun costs one search: `python3 -m swcli search ...` against the same command under
 `torchrun --standalone --nproc-per-node 1 -m swcli search ...` (a process group of one rank: the
-distributed path, its all-gather per query included), whole commands, start-up included.
+distributed path, its all-gather per query included), whole commands, start-up included. A third row
+runs the distributed path without torchrun (RANK=0, WORLD_SIZE=1, LOCAL_RANK=0 and a free MASTER_PORT
+set by hand), which parts what swcli's process group and exchanges cost from what torchrun's own
+start costs (its agent imports torch before it starts the rank).
 
     python3 benchmarks/distributed_overhead.py QUERIES DATABASE [--backend auto] [--repeats 5]
             [--copies N] [--query-copies N] [--top 10] [-t 1] [--work DIR]
@@ -10,9 +13,9 @@ sequences (ids suffixed) and --query-copies N the queries N times over, so that 
 start-up, sets the time: torchrun's own start-up (its agent imports torch, then starts the worker) is a
 fixed cost of about a second, so the ratio says something only where the search takes tens of seconds.
 
-The two commands run in turn (plain, torchrun, plain, ...) after one warm-up of each, their outputs are
-compared byte for byte (every run's), and the medians, their difference and their ratio are printed as
-a markdown table.
+The commands run in turn (plain, by hand, torchrun, plain, ...) after one warm-up of each, their outputs
+are compared byte for byte (every run's), and the medians, their differences and ratios to the plain
+command are printed as a markdown table.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import filecmp
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -62,12 +66,20 @@ def residues(path: str) -> tuple[int, int]:
 
 
 def timed(command: list[str], env: dict) -> float:
+    if "MASTER_PORT" in env:  # one rank by hand: a port of its own each time
+        env = {**env, "MASTER_PORT": str(free_port())}
     started = time.perf_counter()
     done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)}: exit {done.returncode}\n{done.stderr[-2000:]}")
     return seconds
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def machine(backend: str) -> str:
@@ -105,17 +117,20 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     search = ["-m", "swcli", "search", queries, database, "--backend", args.backend, "--top", str(args.top),
               "-t", args.temperature, "-q"]
-    commands = {
-        "plain": lambda out: [sys.executable, *search, "-o", str(out)],
-        "torchrun, 1 process": lambda out: [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                            "--nproc-per-node", "1", *search, "-o", str(out)],
+    by_hand = {**env, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": "0"}
+    commands = {  # name: (command, environment, output)
+        "plain": ([sys.executable, *search], env, "plain.tsv"),
+        "one rank, without torchrun": ([sys.executable, *search], by_hand, "by_hand.tsv"),
+        "torchrun, 1 process": ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 "1", *search], env, "torchrun.tsv"),
     }
     reference = work / "plain.tsv"
     times: dict[str, list[float]] = {name: [] for name in commands}
     for repeat in range(args.repeats + 1):  # the first round warms up (engine build, page cache)
-        for name, command in commands.items():
-            out = work / ("plain.tsv" if name == "plain" else "torchrun.tsv")
-            seconds = timed(command(out), env)
+        for name, (command, environment, output) in commands.items():
+            out = work / output
+            seconds = timed([*command, "-o", str(out)], environment)
             if repeat:
                 times[name].append(seconds)
             if out != reference and not filecmp.cmp(out, reference, shallow=False):
@@ -123,16 +138,15 @@ def main() -> None:
     query_count, query_residues = residues(queries)
     sequences, db_residues = residues(database)
     medians = {name: statistics.median(values) for name, values in times.items()}
-    plain, distributed = medians["plain"], medians["torchrun, 1 process"]
+    plain = medians["plain"]
     print(f"{machine(args.backend)}\n{query_count:,} queries ({query_residues:,} residues) x {sequences:,} "
           f"sequences ({db_residues:,} residues), --backend {args.backend}, -t {args.temperature}, top {args.top}; "
           f"{args.repeats} runs each after a warm-up, outputs identical\n")
-    print("| command | median s | min s | max s |")
-    print("| --- | --- | --- | --- |")
+    print("| command | median s | min s | max s | median - plain | median / plain |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, values in times.items():
-        print(f"| {name} | {medians[name]:.2f} | {min(values):.2f} | {max(values):.2f} |")
-    print(f"\ntorchrun - plain: {distributed - plain:+.2f} s; torchrun / plain: {distributed / plain:.3f} "
-          f"({distributed / plain - 1:+.1%})")
+        print(f"| {name} | {medians[name]:.2f} | {min(values):.2f} | {max(values):.2f} | "
+              f"{medians[name] - plain:+.2f} s | {medians[name] / plain:.3f} |")
 
 
 if __name__ == "__main__":

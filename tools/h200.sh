@@ -19,8 +19,8 @@
 #     search     swcli search beside CUDASW++4.0 (benchmarks/search_peer.py; record in $OUT/search): CUDASW4's
 #                20 queries against make-db's 100,000 sequences; about 5 minutes, CUDASW4's build included;
 #                gap -4, or affine with GAP_OPEN and GAP_EXTEND (e.g. -11 and -1)
-#     dist-overhead  swcli search under torchrun --nproc-per-node 1 against the plain command
-#                (benchmarks/distributed_overhead.py, outputs compared): CUDASW4's 20 queries, each
+#     dist-overhead  swcli search under torchrun --nproc-per-node 1, and as one rank without torchrun, against
+#                the plain command (benchmarks/distributed_overhead.py, outputs compared): CUDASW4's 20 queries, each
 #                DIST_QUERY_COPIES (20) times, against make-db's 100,000 sequences prepared by makedb;
 #                DIST_REPEATS (3) runs each after a warm-up; then the exchange per query alone through
 #                NCCL (benchmarks/distributed_exchange.py); about 5 minutes with make-db
