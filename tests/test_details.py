@@ -115,6 +115,58 @@ def test_bands_swept_again_give_the_same_alignment(gap_open, gap_extend):
     assert all(operations(whole, k) == operations(banded, k) for k in range(len(pairs)))
 
 
+def random_code_pairs(rng, count: int, alphabet: int, longest: int):
+    """Flat codes, starts and lengths of `count` random pairs (lengths 0 .. longest, some of 0 to 3)."""
+    query_lengths = rng.integers(0, longest + 1, count)
+    query_lengths[: count // 4] = rng.integers(0, 4, count // 4)
+    target_lengths = rng.integers(0, longest + 1, count)
+    starts = lambda lengths: np.concatenate([[0], np.cumsum(lengths)[:-1]])  # noqa: E731
+    query = rng.integers(0, alphabet, int(query_lengths.sum()) + 1).astype(np.uint8)
+    target = rng.integers(0, alphabet, int(target_lengths.sum()) + 1).astype(np.uint8)
+    return query, starts(query_lengths), query_lengths, target, starts(target_lengths), target_lengths
+
+
+def same_tracebacks(a, b) -> bool:
+    fields = ("scores", "ends", "counts", "op_lengths")
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in fields) and all(
+        operations(a, k) == operations(b, k) for k in range(len(a.scores)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_integer_sweep_equals_the_float_sweep_byte_for_byte(seed):
+    """The vector integer sweep against the cell-by-cell float one on fresh random integer matrices:
+    small alphabets and narrow score ranges (ties everywhere), zero and positive-free gaps, linear and
+    affine, lengths 0 to 70 (vectors cut short at the row's end), whole and banded walks."""
+    rng = np.random.default_rng([seed, 41])
+    for _ in range(40):
+        alphabet = int(rng.integers(1, 26))
+        low, high = sorted(rng.integers(-5, 6, 2))
+        table = rng.integers(low, high + 1, (alphabet, alphabet)).astype(np.float32)
+        extend = -float(rng.integers(0, 4))
+        gap_open = extend if rng.random() < 0.5 else extend - float(rng.integers(1, 8))
+        band_rows = int(rng.choice([0, 1, 3, 16]))
+        pairs = random_code_pairs(rng, 8, alphabet, 70)
+        vector = _host.traceback(*pairs, table, gap_open, extend, 2, band_rows)
+        scalar = _host.traceback(*pairs, table, gap_open, extend, 1, band_rows, integer_sweep=False)
+        assert same_tracebacks(vector, scalar), (alphabet, gap_open, extend, band_rows)
+
+
+def test_fractional_scores_and_sums_past_2_24_stay_on_the_float_sweep():
+    """Where int32 would not give float32's numbers the float sweep runs, whatever integer_sweep says:
+    scores that are not whole numbers, and whole numbers whose sums round in float32."""
+    rng = np.random.default_rng(9)
+    pairs = random_code_pairs(rng, 6, 24, 60)
+    fractional = _host.traceback(*pairs, TABLE + np.float32(0.25), -3.5, -0.75, 2)
+    assert same_tracebacks(fractional, _host.traceback(*pairs, TABLE + np.float32(0.25), -3.5, -0.75, 1,
+                                                       integer_sweep=False))
+    assert np.any(fractional.scores != np.round(fractional.scores))
+    # whole numbers past 2^24 (found by search): int32 would make this score 29,360,132, float32 rounds
+    table = np.array([[-4194307, 8388611], [8388606, 4194303]], dtype=np.float32)
+    big = _host.traceback(np.array([0, 1, 0, 1], np.uint8), [0], [4], np.array([1, 1, 1, 0], np.uint8), [0], [4],
+                          table, -2.0, -2.0, 1)
+    assert float(big.scores[0]) == 29_360_130.0
+
+
 def test_text_columns_and_the_empty_alignment():
     pairs = [("MKVLAAGIVALLLAAGCSSSKEETP", "MKVLAGIVAWLLAAGCSKEETPQ"), ("W", "G"), ("", "AC")]
     alignments = traceback(pairs, -4.0, -4.0)
