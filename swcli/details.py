@@ -13,6 +13,7 @@ cell of largest score in row-major order, walked back with the engines' tie rule
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -210,3 +211,40 @@ def hit_detail_rows(formatter: Formatter, query, query_codes: bytes, hits, db, p
                 np.full(count, len(query_codes), dtype=np.int64), np.asarray(db.codes), db.offsets[positions],
                 db.lengths[positions], hits.scores.numpy().astype(np.float32), searched=len(db))
     return formatter.rows(rows)
+
+
+class InOrder:
+    """Rows formatted in a worker thread while the caller goes on, handed back in the order queued.
+
+    A search queues each query's rows here and launches the next query's scoring at once, so the device
+    is never idle while the host computes tracebacks (the traceback releases the GIL and runs on its own
+    threads). At most `depth` results wait, so memory stays bounded; waits go through pipeline.wait_for,
+    so a signal is honoured, and the calls count as engine calls in progress (cli.main then does not
+    wait for one at exit)."""
+
+    def __init__(self, depth: int = 4):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-details")
+        self.pending = deque()
+        self.depth = depth
+
+    def put(self, function, *args) -> list[bytes]:
+        """Queue function(*args); returns the oldest results that must now be taken to stay within depth."""
+        from swcli.pipeline import counted_call, wait_for
+
+        self.pending.append(self.pool.submit(counted_call, function, *args))
+        return [wait_for(self.pending.popleft()) for _ in range(len(self.pending) - self.depth)]
+
+    def drain(self) -> list[bytes]:
+        """Every result still queued, in order."""
+        from swcli.pipeline import wait_for
+
+        done = []
+        while self.pending:
+            done.append(wait_for(self.pending.popleft()))
+        return done
+
+    def close(self, finished: bool) -> None:
+        """Stop the worker: after a complete run, once idle; after an error or a signal, without waiting."""
+        self.pool.shutdown(wait=finished, cancel_futures=True)

@@ -11,7 +11,9 @@ int64 key that orders by score, then by earlier sequence (`score_keys`), so torc
 exactly the hits that a stable sort by database order and then by score would, without sorting a block.
 
 On CUDA the host never waits for the device inside a query: query i + 1's blocks are queued before the
-results of query i are read (`Searcher.step`), so the device goes from one query to the next.
+results of query i are read (`Searcher.step`), so the device goes from one query to the next. The hits'
+details (--format-output) are computed in a worker thread (details.InOrder) while the next queries are
+scored.
 """
 
 from __future__ import annotations
@@ -318,6 +320,11 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
     stats.sequences, stats.residues = len(db), db.residues
     stats.host_bytes, stats.device_bytes, stats.resident = db.nbytes, searcher.device_bytes, searcher.resident is not None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-search")
+    background = None  # the hits' details, formatted while the next queries are scored
+    if formatter is not None:
+        from swcli.details import InOrder, hit_detail_rows
+
+        background = InOrder()
     finished = False
     try:
         queries, pending = list(queries), None
@@ -330,16 +337,19 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
             stats.queries += 1
             stats.cells += len(query.sequence) * db.residues
             stats.kernel_seconds += seconds
-            if formatter is not None:
-                from swcli.details import hit_detail_rows
-
-                yield hit_detail_rows(formatter, query, query_codes[k - 1], found, db, position_of)
+            if background is not None:
+                yield from background.put(hit_detail_rows, formatter, query, query_codes[k - 1], found, db,
+                                          position_of)
                 continue
             yield [(query.id, db.ids[target], len(query.sequence), int(length_of[target]), score)
                    for score, target in zip(found.scores.tolist(), found.targets.tolist())]
+        if background is not None:
+            yield from background.drain()
         finished = True
     finally:
         pool.shutdown(wait=finished, cancel_futures=True)
+        if background is not None:
+            background.close(finished)
 
 
 def check_inputs(queries: str, database: str) -> None:

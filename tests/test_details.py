@@ -234,3 +234,32 @@ def test_align_and_search_write_the_same_details(tmp_path, capsys):
         assert float(s[-1]) == pytest.approx(3 * float(a[-1]), rel=2e-3)  # 3 sequences searched
         score, bits = float(a[2]), float(a[-2])
         assert bits == pytest.approx((0.267 * score - np.log(0.041)) / np.log(2), abs=0.05)
+
+
+def test_in_order_hands_results_back_in_order_within_its_depth():
+    import threading
+
+    from swcli.details import InOrder
+
+    gate = threading.Event()
+
+    def job(k):
+        if k == 0:
+            gate.wait(5)  # the first job finishes last: the order must still be the queue's
+        return f"rows {k}".encode()
+
+    queue = InOrder(depth=2)
+    try:
+        assert queue.put(job, 0) == [] and queue.put(job, 1) == []
+        gate.set()
+        assert queue.put(job, 2) == [b"rows 0"]
+        assert queue.drain() == [b"rows 1", b"rows 2"] and queue.drain() == []
+
+        def fails():
+            raise ValueError("bad pair")
+
+        queue.put(fails)
+        with pytest.raises(ValueError, match="bad pair"):
+            queue.drain()
+    finally:
+        queue.close(finished=True)
