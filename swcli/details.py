@@ -72,7 +72,8 @@ class Rows:
     """The pairs of rows to write, in columns. Ids: flat UTF-8 bytes with offsets, and the entry of each
     row. Codes: flat uint8 codes into the matrix, row k's sequence at codes[starts[k]:][:lengths[k]].
     searched: how many sequences each query was compared with (1 for align's pairs, the database's
-    sequences for a search), the E-value's multiplier."""
+    sequences for a search), the E-value's multiplier. evalues: the E-values a search ranked by, which
+    the evalue column prints as they are."""
 
     query_ids: np.ndarray
     query_id_offsets: np.ndarray
@@ -88,6 +89,7 @@ class Rows:
     target_lengths: np.ndarray
     scores: np.ndarray  # float32
     searched: int = 1
+    evalues: np.ndarray | None = None  # float64, where a search ranked by E-value computed them
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -134,7 +136,8 @@ class Formatter:
         if name == "score":
             return Column(SCORE, rows.scores)
         if name == "evalue":
-            values = self.statistics.evalues(rows.scores, rows.query_lengths, rows.target_lengths, rows.searched)
+            values = rows.evalues if rows.evalues is not None else self.statistics.evalues(
+                rows.scores, rows.query_lengths, rows.target_lengths, rows.searched)
             return Column(GENERAL, values, precision=3)
         if name == "bits":
             return Column(FIXED, self.statistics.bits(rows.scores), precision=1)
@@ -209,7 +212,7 @@ def hit_detail_rows(formatter: Formatter, query, query_codes: bytes, hits, db, p
     rows = Rows(query_ids, query_id_offsets, np.zeros(count, dtype=np.int64), target_ids, target_id_offsets,
                 np.arange(count, dtype=np.int64), codes, np.zeros(count, dtype=np.int64),
                 np.full(count, len(query_codes), dtype=np.int64), np.asarray(db.codes), db.offsets[positions],
-                db.lengths[positions], hits.scores.numpy().astype(np.float32), searched=len(db))
+                db.lengths[positions], hits.scores.numpy().astype(np.float32), searched=len(db), evalues=hits.evalues)
     return formatter.rows(rows)
 
 

@@ -50,8 +50,9 @@ class Block:
 
 @dataclass(frozen=True)
 class Hits:
-    scores: torch.Tensor  # (k,) float32, descending
+    scores: torch.Tensor  # (k,) float32, descending (or by E-value, with evalues)
     targets: torch.Tensor  # (k,) int64 database order
+    evalues: np.ndarray | None = None  # (k,) float64, ascending: hits ranked by E-value
 
 
 @dataclass
@@ -181,6 +182,7 @@ class Pending:
     keys: torch.Tensor | None  # None: an empty database
     events: list = field(default_factory=list)
     seconds: float = 0.0
+    ranks: torch.Tensor | None = None  # ranked by E-value: the keys' R (statistics.EvalueRanking)
 
 
 class Searcher:
@@ -188,8 +190,9 @@ class Searcher:
 
     def __init__(self, database: Database, matrix: torch.Tensor, gap: float | None, temperature: float, top: int,
                  backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 *, gap_open: float | None = None, gap_extend: float | None = None):
-        """gap: the linear gap score; or gap_open with gap_extend, affine gaps (gap is then not used)."""
+                 *, gap_open: float | None = None, gap_extend: float | None = None, rank=None):
+        """gap: the linear gap score; or gap_open with gap_extend, affine gaps (gap is then not used).
+        rank: a statistics.KarlinAltschul to keep the best hits by E-value (None: by score)."""
         if top < 1:
             raise ValueError(f"top must be at least 1, got {top}")
         if len(database) > LOW + 1:
@@ -203,6 +206,11 @@ class Searcher:
         self.matrix = matrix.to(self.device)
         self.lengths = database.lengths
         self.bounds = block_bounds(database, max_cells)
+        self.ranking = None
+        if rank is not None:
+            from swcli.statistics import EvalueRanking
+
+            self.ranking = EvalueRanking(rank, self.lengths, self.bounds, len(database), self.device)
         padded = sum((stop - start) * int(self.lengths[start]) for start, stop in self.bounds)
         self.resident = None
         if padded <= max_bytes:
@@ -227,7 +235,8 @@ class Searcher:
         query = torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else torch.zeros(0, dtype=torch.uint8)
         query = _to(query, self.device)
         pending, candidates = Pending(None), []
-        for block in self.blocks():
+        table = None if self.ranking is None else _to(torch.from_numpy(self.ranking.table(len(codes))), self.device)
+        for index, block in enumerate(self.blocks()):
             rows = block.codes.shape[0]
             if self.on_gpu:
                 started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -242,8 +251,14 @@ class Searcher:
             else:
                 pending.seconds += time.perf_counter() - began
             keys = score_keys(scores, block.tiebreak)
+            if table is not None:
+                candidates.append(self.ranking.best(self.ranking.ranks(table, scores, index), keys, self.top))
+                continue
             candidates.append(top_keys(keys, self.top) if rows > self.top else keys)
-        if candidates:
+        if candidates and table is not None:
+            ranks, keys = zip(*candidates)
+            pending.ranks, pending.keys = self.ranking.best(torch.cat(ranks), torch.cat(keys), self.top)
+        elif candidates:
             pending.keys = top_keys(torch.cat(candidates), self.top)
         return pending
 
@@ -254,7 +269,10 @@ class Searcher:
             return Hits(torch.zeros(0), torch.zeros(0, dtype=torch.int64)), pending.seconds
         keys = pending.keys.cpu()  # waits for the query's work
         seconds = pending.seconds + sum(start.elapsed_time(end) for start, end in pending.events) / 1e3
-        return hits_of(keys), seconds
+        hits = hits_of(keys)
+        if pending.ranks is not None:
+            hits = Hits(hits.scores, hits.targets, np.exp(-pending.ranks.cpu().numpy()))
+        return hits, seconds
 
     def step(self, codes: bytes | None, pending: Pending | None) -> tuple[Pending | None, tuple[Hits, float] | None]:
         """Launch the next query (codes, or None at the end), then finish the one before (pending):
@@ -270,11 +288,11 @@ class Searcher:
 def search(query_codes: Iterable[bytes], database: Database, matrix: torch.Tensor, gap: float | None,
            temperature: float, top: int, backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS,
            max_bytes: int = DEFAULT_MAX_BYTES, *, gap_open: float | None = None,
-           gap_extend: float | None = None) -> Iterator[Hits]:
-    """The best `top` hits of each query (codes into `matrix`, on `device`), in query order; gaps as
-    Searcher's."""
+           gap_extend: float | None = None, rank=None) -> Iterator[Hits]:
+    """The best `top` hits of each query (codes into `matrix`, on `device`), in query order; gaps and
+    rank as Searcher's."""
     searcher = Searcher(database, matrix, gap, temperature, top, backend, device, max_cells, max_bytes,
-                        gap_open=gap_open, gap_extend=gap_extend)
+                        gap_open=gap_open, gap_extend=gap_extend, rank=rank)
     pending = None
     for codes in chain(query_codes, [None]):  # None: finish the last query
         pending, done = searcher.step(codes, pending)
@@ -295,14 +313,15 @@ def open_database(path: str, matrix) -> Database:
 
 
 def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: int,
-                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None, formatter=None):
+                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None, formatter=None, rank=None):
     """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order; with
     a details.Formatter, each query's rows of its columns, formatted (bytes).
 
     queries: FASTA records, and query_codes their codes (the caller encodes them, checking every letter,
     before any output); settings: the pipeline's Settings (matrix, gaps, temperature, backend). The
     scoring runs in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
-    honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time."""
+    honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time. rank:
+    a statistics.KarlinAltschul to keep and write the hits by E-value (None: by score)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from swcli.pipeline import counted_call, wait_for
@@ -316,7 +335,7 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
         position_of[db.index] = np.arange(len(db))
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
                         settings.device, max_bytes=max_bytes, gap_open=settings.gap_open,
-                        gap_extend=settings.gap_extend)
+                        gap_extend=settings.gap_extend, rank=rank)
     stats.sequences, stats.residues = len(db), db.residues
     stats.host_bytes, stats.device_bytes, stats.resident = db.nbytes, searcher.device_bytes, searcher.resident is not None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-search")
@@ -359,12 +378,13 @@ def check_inputs(queries: str, database: str) -> None:
 
 def run_search(queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
                header: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, progress=None,
-               formatter=None) -> SearchStats:
+               formatter=None, rank=None) -> SearchStats:
     """`swcli search` as a function: read and check the queries, open the database (a FASTA file or a
     makedb folder), search, write the TSV to `output` (None: stdout). settings: the pipeline's Settings,
     its engine already loaded, so that start-up stays out of the returned SearchStats (seconds run from
     the queries' reading to the output's completion). progress(total), if given, makes the bar.
-    formatter: a details.Formatter for other columns than the default ones (computed for the hits only)."""
+    formatter: a details.Formatter for other columns than the default ones (computed for the hits only);
+    rank: a statistics.KarlinAltschul to keep and write each query's hits by E-value (None: by score)."""
     from contextlib import nullcontext
 
     from swcli.fasta import read_fasta
@@ -379,7 +399,7 @@ def run_search(queries: str, database: str, settings, output: str | None = None,
     interrupt.check()
     columns = formatter.columns if formatter is not None else COLUMNS
     with (progress(len(records)) if progress else nullcontext()) as bar, TsvWriter(output, header, columns) as writer:
-        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats, formatter):
+        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats, formatter, rank):
             if formatter is None:
                 writer.write_rows(rows)
             else:

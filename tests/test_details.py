@@ -208,11 +208,36 @@ def test_bad_format_output_is_a_usage_error(tmp_path, capsys, value, message):
     (["--format-output", "query,evalue", "--lambda", "0.3"], "--lambda and --k go together"),
     (["--lambda", "0.3", "--k", "0.04"], "used only by the evalue and bits"),
     (["--format-output", "evalue", "--lambda", "-1", "--k", "0.04"], "not a finite number > 0"),
+    (["--format-output", "evalue", "--lambda", "0.3", "--k", "0.04", "--alpha", "1.9"], "--alpha and --beta go"),
+    (["--format-output", "evalue", "--alpha", "1.9", "--beta", "-30"], "go with --lambda and --k"),
+    (["--format-output", "evalue", "--lambda", "0.3", "--k", "0.04", "--alpha", "0", "--beta", "-30"],
+     "not a finite number > 0"),
+    (["--format-output", "evalue", "--lambda", "0.3", "--k", "0.04", "--alpha", "1", "--beta", "nan"],
+     "not a finite number"),
 ])
-def test_bad_lambda_and_k_are_usage_errors(tmp_path, capsys, options, message):
+def test_bad_lambda_k_alpha_and_beta_are_usage_errors(tmp_path, capsys, options, message):
     fasta = write_fasta(tmp_path / "p.fa", [("a", "MKV"), ("b", "MKV")])
-    code, stdout, err = cli(["align", fasta, *options], capsys)
-    assert code == 2 and message in err and stdout == ""
+    out = tmp_path / "out.tsv"
+    for command in (["align", fasta], ["search", fasta, fasta]):
+        code, stdout, err = cli([*command, *options, "-o", str(out)], capsys)
+        assert code == 2 and message in err and stdout == "" and not out.exists()
+
+
+def test_rank_is_checked_and_needs_statistics_only_for_evalue(tmp_path, capsys, monkeypatch):
+    from swcli import statistics
+
+    fasta = write_fasta(tmp_path / "p.fa", [("a", "MKVLA"), ("b", "MKVLW")])
+    code, _, err = cli(["search", fasta, fasta, "--rank", "bogus"], capsys)
+    assert code == 2 and "--rank" in err
+    code, out, err = cli(["search", fasta, fasta, "--rank", "evalue", "--lambda", "0.3", "--k", "0.04", "-q",
+                          "--backend", "cpu"], capsys)
+    assert code == 0 and out.splitlines()[0] == "query\ttarget\tqlen\ttlen\tscore" and err == ""
+    monkeypatch.setattr(statistics, "cache_path", lambda s, *rest: tmp_path / "cache.json")
+    monkeypatch.setattr(statistics, "ESTIMATION_PAIRS", 400)
+    out_file = tmp_path / "out.tsv"
+    code, _, err = cli(["search", fasta, fasta, "--rank", "evalue", "--gap", "-4", "-o", str(out_file),
+                        "--backend", "cpu"], capsys)
+    assert code == 1 and "E-values are not defined" in err and not out_file.exists()
 
 
 def test_align_and_search_write_the_same_details(tmp_path, capsys):
