@@ -445,8 +445,9 @@ def search(
     rank: Annotated[Rank, typer.Option(
         "--rank", help="Which hits to keep and in what order: score (descending; ties by database order) or "
                        "evalue (ascending, exactly over the whole database; then by score, then database order). "
-                       "With the length correction a shorter target can have the smaller E-value at a lower "
-                       "score. evalue needs lambda and K (estimated once per setting, or --lambda and --k).")] = Rank.score,
+                       "The E-value weighs the target's length: a shorter target can have the smaller E-value "
+                       "at a lower score. evalue needs lambda and K (estimated once per setting, or --lambda "
+                       "and --k).")] = Rank.score,
 ):
     """Search every query against every database sequence; write the best --top hits of each query as TSV:
     query, target, qlen, tlen, score (queries in input order, hits by descending score, or by ascending
