@@ -225,8 +225,9 @@ def table(record: dict) -> str:
                      f"{p['total_gcups']:,.1f} | - | - |")
     else:
         lines.append("| CUDASW++4.0 | 0 | - | failed: see the record's log tail | | | | | |")
-    notes = [f"BLOSUM62, gap open {record.get('gap_open', GAP):g}, extend {record.get('gap_extend', GAP):g} "
-             "(scores; equal: a linear gap), top {TOP}".replace("{TOP}", str(TOP))]
+    gap_open, gap_extend = record.get('gap_open', GAP), record.get('gap_extend', GAP)
+    kind = "equal: a linear gap" if gap_open == gap_extend else "affine"
+    notes = [f"BLOSUM62, gap open {gap_open:g}, extend {gap_extend:g} (scores; {kind}), top {TOP}"]
     if "makedb" in record:
         m = record["makedb"]
         notes.append(f"swcli makedb (the whole command): {m['seconds']:.2f} s, folder {m['folder_bytes'] / 2**20:,.1f} MiB")

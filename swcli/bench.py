@@ -34,8 +34,6 @@ SEED_SHAPE = (16, 32, 32)
 # -12 - (k - 1)), timed beside the linear gap -4 on the same inputs.
 AFFINE_GAPS = {"gap_open": -12.0, "gap_extend": -1.0}
 AFFINE_NOTE = "affine gaps -12/-1 (BLAST's 11/1)"
-# What the affine rows call: without these CUDA kernels the CUDA rows are skipped, with a row saying so.
-AFFINE_OPERATORS = ("affine_scores", "affine_scores_codes", "affine_forward", "affine_backward")
 
 
 @dataclass
@@ -120,20 +118,6 @@ def affine_dense_rows(backend: str, S: torch.Tensor, workload: str, linear_forwa
     ]
 
 
-def missing_affine_kernels(backend: str) -> list[str]:
-    """The affine operators that the backend's engine has no kernel for (none on the CPU), checked with
-    the engine loaded: the CUDA engine's affine kernels come after its linear ones."""
-    key = "CUDA" if backend == "cuda" else "CPU"
-    ops.load_engine(backend)
-    return [name for name in AFFINE_OPERATORS
-            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{name}", key)]
-
-
-def affine_skipped_row(backend: str, missing: list[str]) -> Row:
-    return Row("affine rows", backend, 1.0, 0, 0, 0.0,
-               f"skipped: the {backend} engine has no kernels for {', '.join(f'swcli::{n}' for n in missing)}")
-
-
 def random_pairs(records: list[FastaRecord], count: int, seed: int = 0) -> list[tuple[FastaRecord, FastaRecord]]:
     rng = random.Random(seed)
     return [(rng.choice(records), rng.choice(records)) for _ in range(count)]
@@ -177,9 +161,6 @@ def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> 
         rows.append(Row(workload, backend, temperature, count, batch.cells, seconds(run), note))
         rows.append(Row(workload, "cuda-log", temperature, count, batch.cells, seconds(lambda: engine_call(False)),
                         "the same, every pair through the log-space sweep (operator call)"))
-    missing = missing_affine_kernels(backend)
-    if missing:
-        return rows + [affine_skipped_row(backend, missing)]
     linear = {row.temperature: row for row in rows if row.backend == backend}
     for temperature in (1.0, 0.0):
         def affine_run():
@@ -190,6 +171,34 @@ def real_rows(backend: str, records: list[FastaRecord], seconds, count: int) -> 
         row.note = (f"BLOSUM62, {AFFINE_NOTE}, the same batch; {row.gcups / linear[temperature].gcups:.2f}x the "
                     "linear row's GCUPS")
         rows.append(row)
+    return rows
+
+
+def search_rows(backend: str, records: list[FastaRecord], residues: int, queries: int = 4) -> list[Row]:
+    """`search`'s loop (Searcher: each query against every block, its best 10 on the device): the first
+    `queries` records against the records repeated to about `residues` residues, BLOSUM62, top 10; linear
+    gap -4 at t = 0 (on CUDA the exact 16-bit kernel) and t = 1, and affine -11/-1 at t = 0. Time: the
+    scoring calls of every query (CUDA events, or the host clock on the CPU), after one untimed query."""
+    from swcli.database import build
+    from swcli.search import Searcher
+
+    matrix = load_matrix("BLOSUM62")
+    copies = max(1, residues // max(1, sum(len(r.sequence) for r in records)))
+    db = build([FastaRecord("bench", k + 1, f"s{k}", r.sequence)
+                for k, r in enumerate(records * copies)], matrix, "bench")
+    codes = [matrix.encode(r.sequence, r.where) for r in records[:queries]]
+    cells = sum(len(c) for c in codes) * db.residues
+    device = "cuda" if backend == "cuda" else "cpu"
+    rows = []
+    for temperature, gaps, note in ((0.0, {"gap": -4.0}, "gap -4"), (1.0, {"gap": -4.0}, "gap -4"),
+                                    (0.0, {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}, "affine -11/-1")):
+        searcher = Searcher(db, matrix.tensor(), gaps.pop("gap"), temperature, 10, backend, device, **gaps)
+        searcher.best(codes[0])
+        seconds = sum(searcher.finish(searcher.launch(c))[1] for c in codes)
+        kernel = ("the exact 16-bit kernel" if searcher.exact is not None
+                  else "the op's sweep from codes")
+        rows.append(Row(f"search ({len(db):,} sequences)", backend, temperature, len(codes) * len(db), cells,
+                        seconds, f"BLOSUM62, {note}, {len(codes)} queries, top 10: {kernel}"))
     return rows
 
 
@@ -360,9 +369,6 @@ def cuda_dense_rows(calls: int, batch: int = 8192, size: int = 256) -> list[Row]
                     f"backward from the table alone (operator call); with that forward "
                     f"{(keeping + backward) / rows[0].seconds:.2f}x the forward alone"))
     del table, best_at, failed, grad_S
-    missing = missing_affine_kernels("cuda")
-    if missing:
-        return rows + [affine_skipped_row("cuda", missing)]
     return rows + affine_dense_rows("cuda", S, f"dense B={batch} {size}x{size}", rows[0],
                                     lambda run: cuda_seconds(run, calls),
                                     lambda run: cuda_seconds(run, few, warmup=3))
@@ -392,11 +398,13 @@ def run_benchmarks(backend: str, fasta: str | None, pairs: int, repeats: int, as
     if backend == "cuda":
         calls = max(repeats, 200)  # CUDA events are cheap: the median of many calls
         rows = (cuda_seed_rows(calls) + cuda_dense_rows(calls)
-                + real_rows(backend, records, lambda run: cuda_seconds(run, calls), 10_000))
+                + real_rows(backend, records, lambda run: cuda_seconds(run, calls), 10_000)
+                + search_rows(backend, records, 20_000_000))
         where = f"{machine()}; GPU: {gpu()}"
     else:
         rows = (seed_rows(backend, repeats) + dense_rows(backend, repeats)
-                + real_rows(backend, records, lambda run: median_seconds(run, repeats), 2048))
+                + real_rows(backend, records, lambda run: median_seconds(run, repeats), 2048)
+                + search_rows(backend, records, 100_000))
         where = machine()
     if pairs:
         rows += end_to_end_rows(backend, records, pairs)

@@ -176,28 +176,8 @@ def _settings(matrix: str, unknown_as: Optional[str], gap: Optional[float], temp
         substitution = substitution.with_unknown_as(unknown_as)
     resolved = _resolve_backend(backend)
     prepare_backend(resolved)
-    if gaps.affine:
-        _check_affine_backend(substitution, resolved, gaps, temperature)
     return Settings(substitution, gaps.gap, temperature, resolved, gap_open=gaps.gap_open,
                     gap_extend=gaps.gap_extend, **extra)
-
-
-def _check_affine_backend(substitution, backend: str, gaps, temperature: float) -> None:
-    """The op on one one-residue pair on the backend's device, before any input is read: an engine without
-    affine kernels (CUDA's, until they are registered) makes the op raise ValueError, which is said here
-    as one line (exit 1), not as a traceback from the scoring thread. No other backend is tried instead."""
-    import torch
-
-    from swcli.ops import soft_smith_waterman_codes
-
-    device = "cuda" if backend == "cuda" else "cpu"
-    one = torch.zeros((1, 1), dtype=torch.uint8, device=device)
-    try:
-        soft_smith_waterman_codes(one, one, substitution.tensor(device=device), None, temperature, backend=backend,
-                                  gap_open=gaps.gap_open, gap_extend=gaps.gap_extend)
-    except ValueError as exc:
-        raise SwcliError(f"the {backend} backend cannot score affine gaps (--gap-open, --gap-extend): {exc}; "
-                         "use --backend cpu or --backend reference") from None
 
 
 def _columns(format_output: str, lambda_: Optional[float], k: Optional[float], alpha: Optional[float] = None,

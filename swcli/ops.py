@@ -21,6 +21,12 @@ The operators (one schema each, CPU kernels in kernels/cpu, CUDA kernels in kern
   recurrence is in swcli/reference.py). affine_forward returns the scores, the state its backward reads
   and the engine's record of each pair's best cell; autograd is registered on it, with affine_backward
   as its gradient.
+* scores_per_pair, posterior_per_pair, affine_scores_per_pair, affine_posterior_per_pair: the gaps and
+  the temperature as (B,) tensors, one value per pair, for model builders who learn them. The posterior
+  operators return the scores, d score[b] / d S[b] (the soft alignment, S's shape) and d score[b] / d gap
+  for each gap score (B,): the expected number of gap positions (linear), of gap openings and of
+  extensions (affine). Their autograd scales these by the incoming gradient and takes d score / d t
+  from them (see _per_pair_gradients). CPU kernels only so far: a CUDA tensor raises.
 
 Each has a fake kernel, so torch.compile, torch.export and meta tensors see one op with known shapes.
 The keyword-only arguments are the engines' knobs for tests and tools: lane_columns (CUDA: columns per
@@ -40,7 +46,6 @@ from numbers import Real
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from swcli import _build
 from swcli.reference import soft_smith_waterman_affine_reference, soft_smith_waterman_reference
@@ -71,11 +76,26 @@ _AFFINE_CODES = ("(Tensor query, Tensor target, Tensor matrix, Tensor? query_len
 SCHEMAS.update({
     "affine_scores": f"{_AFFINE_DENSE} -> Tensor",
     "affine_scores_codes": f"{_AFFINE_CODES} -> Tensor",
-    "affine_forward": f"{_AFFINE_DENSE} -> (Tensor, Tensor, Tensor)",
-    "affine_backward": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor? query_lengths, "
-                       "Tensor? target_lengths, float gap_open, float gap_extend, float temperature, *, "
-                       "int lane_columns=0) -> Tensor",
+    "affine_forward": ("(Tensor S, Tensor? query_lengths, Tensor? target_lengths, float gap_open, float gap_extend, "
+                       "float temperature, bool by_rows, *, int lane_columns=0) -> (Tensor, Tensor, Tensor, Tensor)"),
+    "affine_backward": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor failed, "
+                       "Tensor? query_lengths, Tensor? target_lengths, float gap_open, float gap_extend, "
+                       "float temperature, bool by_rows, *, int lane_columns=0) -> Tensor",
 })
+
+_PER_PAIR = "(Tensor S, Tensor? query_lengths, Tensor? target_lengths, Tensor gap, Tensor temperature)"
+_AFFINE_PER_PAIR = ("(Tensor S, Tensor? query_lengths, Tensor? target_lengths, Tensor gap_open, Tensor gap_extend, "
+                    "Tensor temperature)")
+SCHEMAS.update({
+    "scores_per_pair": f"{_PER_PAIR} -> Tensor",
+    "posterior_per_pair": f"{_PER_PAIR} -> (Tensor, Tensor, Tensor)",
+    "affine_scores_per_pair": f"{_AFFINE_PER_PAIR} -> Tensor",
+    "affine_posterior_per_pair": f"{_AFFINE_PER_PAIR} -> (Tensor, Tensor, Tensor, Tensor)",
+})
+
+# Exact search scores at t = 0 in 16-bit lanes, CUDA only (kernels/cuda/search_s16.cu; search.ExactSearch).
+SCHEMAS["search_scores_s16"] = ("(Tensor query, Tensor target, Tensor target_lengths, Tensor table, int gap_open, "
+                                "int gap_extend, int limit) -> (Tensor, Tensor)")
 
 _LIBRARY = torch.library.Library("swcli", "DEF")
 for _name, _schema in SCHEMAS.items():
@@ -90,6 +110,10 @@ _affine_scores = torch.ops.swcli.affine_scores.default
 _affine_scores_codes = torch.ops.swcli.affine_scores_codes.default
 _affine_forward = torch.ops.swcli.affine_forward.default
 _affine_backward = torch.ops.swcli.affine_backward.default
+_scores_per_pair = torch.ops.swcli.scores_per_pair.default
+_posterior_per_pair = torch.ops.swcli.posterior_per_pair.default
+_affine_scores_per_pair = torch.ops.swcli.affine_scores_per_pair.default
+_affine_posterior_per_pair = torch.ops.swcli.affine_posterior_per_pair.default
 
 
 # --------------------------------------------------------------------------------------------------
@@ -117,9 +141,12 @@ def load_engine(device) -> None:
 def _load_engine_for(tensor: torch.Tensor) -> None:
     """The engine of a tensor's device, before an operator call. A graph being compiled cannot build one;
     the fake kernels (below) load it for the device the graph will run on."""
-    kind = "cuda" if tensor.is_cuda else "cpu"
-    if kind not in _loaded and not torch.compiler.is_compiling():  # the set first: no torch.device per call
-        load_engine(kind)
+    # Compiling first: dynamo would guard the graph on the set, which the fake kernel changes while it traces
+    # (the guard then fails on the frame that made it). The set next: no torch.device per call.
+    if not torch.compiler.is_compiling():
+        kind = "cuda" if tensor.is_cuda else "cpu"
+        if kind not in _loaded:
+            load_engine(kind)
 
 
 def _load_engine_for_fake(device: torch.device) -> None:
@@ -152,12 +179,20 @@ def _scores_codes_counted_fake(query, *args, **knobs):
     return _scores_codes_fake(query, *args, **knobs), query.new_empty(1, dtype=torch.int32)
 
 
+def _state_size(S, tables: int):
+    """The size of a forward's state: only the engine knows it (the CPU's table has a zero border, CUDA's
+    table rounds its columns to the lanes, the rows keep every 8th row), so a traced graph holds a dynamic
+    size. Meta tensors run no engine and have no shape environment: they get the CPU's size."""
+    if S.device.type == "meta":
+        B, M, N = S.shape
+        return tables * B * (M + 1) * (N + 1)
+    return torch.library.get_ctx().new_dynamic_size()
+
+
 @torch.library.register_fake("swcli::forward")
 def _forward_fake(S, query_lengths, target_lengths, gap, temperature, by_rows, *, lane_columns=0, scaled=True):
     _load_engine_for_fake(S.device)
-    # The state's size depends on the engine's plan (the CPU's table has a zero border, CUDA's table
-    # rounds its columns to the lanes, the rows keep every 8th row): only the engine knows it.
-    state_size = torch.library.get_ctx().new_dynamic_size()
+    state_size = _state_size(S, 1)
     B = S.shape[0]
     return (S.new_empty(B), S.new_empty(state_size), S.new_empty(B, dtype=torch.int64),
             S.new_empty(1, dtype=torch.int32))
@@ -181,13 +216,50 @@ def _save_for_gradient(ctx, S, query_lengths, target_lengths, state, best, faile
     ctx.settings = (gap, temperature, by_rows, lane_columns)
 
 
+NOT_TWICE_DIFFERENTIABLE = (
+    "swcli: the compiled engines' gradient is not differentiable (no double backward, no Hessian): use "
+    "backend='reference' for second derivatives")
+
+
+def _once_differentiable(inputs, *grads):
+    """The gradients, made to raise NOT_TWICE_DIFFERENTIABLE if a double backward reaches them: where the
+    backward runs with grad mode on (create_graph=True) they would otherwise come back as constants, and a
+    second derivative through them would be silently wrong (zero). The error node takes the op's inputs
+    that require grad (and the incoming gradient) as its own, so that differentiating the gradients by
+    any of them runs it; torch.autograd.function.once_differentiable's node hangs off new leaves, which
+    autograd prunes. torch.func transforms allow no such node: nested ones are refused up front
+    (_refuse_nested_differentiation)."""
+    if not torch.is_grad_enabled() or _in_functorch():
+        return grads
+    present = [g for g in grads if g is not None]
+    connected = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    if not present or not connected:
+        return grads
+    delayed = torch._C._functions.DelayedError(NOT_TWICE_DIFFERENTIABLE.encode(), len(present) + len(connected))
+    aliased = iter(delayed(*[g.detach().requires_grad_() for g in present], *connected)[:len(present)])
+    return tuple(None if g is None else next(aliased) for g in grads)
+
+
+def _refuse_nested_differentiation() -> None:
+    """NOT_TWICE_DIFFERENTIABLE where two differentiating torch.func transforms (grad, vjp, jacrev, jvp,
+    jacfwd, hessian) are active at once: the inner one's gradient would be a constant to the outer one."""
+    if not _in_functorch():
+        return
+    kinds = [interpreter.key() for interpreter in torch._C._functorch.get_interpreter_stack() or ()]
+    differentiating = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+    if sum(kind in differentiating for kind in kinds) > 1:
+        raise RuntimeError(NOT_TWICE_DIFFERENTIABLE)
+
+
 def _gradient(ctx, grad_scores):
     """d score / d S: the soft-alignment posterior of the paths that end at the best cell, by the engine's
     backward from what its forward kept."""
     S, query_lengths, target_lengths, state, best, failed = ctx.saved_tensors
     gap, temperature, by_rows, lane_columns = ctx.settings
-    return _backward(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap, temperature, by_rows,
-                     lane_columns=lane_columns)
+    with torch.no_grad():
+        grad = _backward(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap, temperature,
+                         by_rows, lane_columns=lane_columns)
+    return _once_differentiable((S, grad_scores), grad)[0]
 
 
 def _setup_forward_context(ctx, inputs, keyword_only_inputs, output):
@@ -221,7 +293,6 @@ class _ForwardWithGradient(torch.autograd.Function):
         return scores
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_scores):
         return _gradient(ctx, grad_scores), None, None, None, None, None
 
@@ -244,45 +315,54 @@ def _affine_scores_codes_fake(query, target, matrix, query_lengths, target_lengt
 
 
 @torch.library.register_fake("swcli::affine_forward")
-def _affine_forward_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature, *, lane_columns=0):
+def _affine_forward_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature, by_rows, *,
+                         lane_columns=0):
     _load_engine_for_fake(S.device)
     # As the linear forward's: the state's layout is the engine's own (the CPU keeps three tables).
-    state_size = torch.library.get_ctx().new_dynamic_size()
+    state_size = _state_size(S, 3)
     B = S.shape[0]
-    return S.new_empty(B), S.new_empty(state_size), S.new_empty(B, dtype=torch.int64)
+    return (S.new_empty(B), S.new_empty(state_size), S.new_empty(B, dtype=torch.int64),
+            S.new_empty(1, dtype=torch.int32))
 
 
 @torch.library.register_fake("swcli::affine_backward")
-def _affine_backward_fake(grad_scores, S, state, best, query_lengths, target_lengths, gap_open, gap_extend,
-                          temperature, *, lane_columns=0):
+def _affine_backward_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap_open, gap_extend,
+                          temperature, by_rows, *, lane_columns=0):
     return S.new_empty(S.shape)
 
 
-def _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, gap_open, gap_extend,
-                              temperature, lane_columns):
-    ctx.save_for_backward(S, query_lengths, target_lengths, state, best)
-    ctx.settings = (gap_open, gap_extend, temperature, lane_columns)
+@torch.library.register_fake("swcli::search_scores_s16")
+def _search_scores_s16_fake(query, target, target_lengths, table, gap_open, gap_extend, limit):
+    return target.new_empty(target.shape[0], dtype=torch.int32), target.new_empty(1, dtype=torch.int32)
+
+
+def _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap_open, gap_extend,
+                              temperature, by_rows, lane_columns):
+    ctx.save_for_backward(S, query_lengths, target_lengths, state, best, failed)
+    ctx.settings = (gap_open, gap_extend, temperature, by_rows, lane_columns)
 
 
 def _affine_gradient(ctx, grad_scores):
     """d score / d S with affine gaps: the posterior of the match states on the paths that end at the best
     cell, by the engine's backward from what its forward kept."""
-    S, query_lengths, target_lengths, state, best = ctx.saved_tensors
-    gap_open, gap_extend, temperature, lane_columns = ctx.settings
-    return _affine_backward(grad_scores, S, state, best, query_lengths, target_lengths, gap_open, gap_extend,
-                            temperature, lane_columns=lane_columns)
+    S, query_lengths, target_lengths, state, best, failed = ctx.saved_tensors
+    gap_open, gap_extend, temperature, by_rows, lane_columns = ctx.settings
+    with torch.no_grad():
+        grad = _affine_backward(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap_open,
+                                gap_extend, temperature, by_rows, lane_columns=lane_columns)
+    return _once_differentiable((S, grad_scores), grad)[0]
 
 
 def _setup_affine_forward_context(ctx, inputs, keyword_only_inputs, output):
-    S, query_lengths, target_lengths, gap_open, gap_extend, temperature = inputs
-    _, state, best = output
-    ctx.mark_non_differentiable(state, best)
-    _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, gap_open, gap_extend, temperature,
-                              keyword_only_inputs["lane_columns"])
+    S, query_lengths, target_lengths, gap_open, gap_extend, temperature, by_rows = inputs
+    _, state, best, failed = output
+    ctx.mark_non_differentiable(state, best, failed)
+    _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap_open, gap_extend,
+                              temperature, by_rows, keyword_only_inputs["lane_columns"])
 
 
-def _affine_forward_gradient(ctx, grad_scores, _grad_state, _grad_best):
-    return _affine_gradient(ctx, grad_scores), None, None, None, None, None
+def _affine_forward_gradient(ctx, grad_scores, _grad_state, _grad_best, _grad_failed):
+    return _affine_gradient(ctx, grad_scores), None, None, None, None, None, None
 
 
 torch.library.register_autograd("swcli::affine_forward", _affine_forward_gradient,
@@ -294,18 +374,162 @@ class _AffineForwardWithGradient(torch.autograd.Function):
     _ForwardWithGradient for why): the same saved tensors and backward."""
 
     @staticmethod
-    def forward(ctx, S, query_lengths, target_lengths, gap_open, gap_extend, temperature):
+    def forward(ctx, S, query_lengths, target_lengths, gap_open, gap_extend, temperature, by_rows):
         with torch._C._AutoDispatchBelowAutograd():
-            scores, state, best = _affine_forward(S, query_lengths, target_lengths, gap_open, gap_extend,
-                                                  temperature)
-        _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, gap_open, gap_extend,
-                                  temperature, 0)
+            scores, state, best, failed = _affine_forward(S, query_lengths, target_lengths, gap_open, gap_extend,
+                                                          temperature, by_rows)
+        _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap_open, gap_extend,
+                                  temperature, by_rows, 0)
         return scores
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_scores):
-        return _affine_gradient(ctx, grad_scores), None, None, None, None, None
+        return _affine_gradient(ctx, grad_scores), None, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-pair gaps and temperatures, and the posterior: fake kernels, autograd, vmap.
+
+
+@torch.library.register_fake("swcli::scores_per_pair")
+def _scores_per_pair_fake(S, query_lengths, target_lengths, gap, temperature):
+    _load_engine_for_fake(S.device)
+    return S.new_empty(S.shape[0])
+
+
+@torch.library.register_fake("swcli::posterior_per_pair")
+def _posterior_per_pair_fake(S, query_lengths, target_lengths, gap, temperature):
+    _load_engine_for_fake(S.device)
+    return S.new_empty(S.shape[0]), S.new_empty(S.shape), S.new_empty(S.shape[0])
+
+
+@torch.library.register_fake("swcli::affine_scores_per_pair")
+def _affine_scores_per_pair_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature):
+    _load_engine_for_fake(S.device)
+    return S.new_empty(S.shape[0])
+
+
+@torch.library.register_fake("swcli::affine_posterior_per_pair")
+def _affine_posterior_per_pair_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature):
+    _load_engine_for_fake(S.device)
+    B = S.shape[0]
+    return S.new_empty(B), S.new_empty(S.shape), S.new_empty(B), S.new_empty(B)
+
+
+TEMPERATURE_GRADIENT_AT_ZERO = (
+    "d score / d temperature is not defined at temperature 0 (the hard maximum is not differentiable in t): "
+    "keep the temperature > 0 where it requires grad (SoftSmithWaterman(learnable=True) holds log(t))")
+
+
+def _per_pair_gradients(grad_scores, S, temperature, gaps, scores, posterior, counts, needs):
+    """The gradients of sum(grad_scores * scores) by S, the temperature and each gap (None where `needs`
+    says no), from what the posterior operator returned:
+
+        d score / d S = posterior,   d score / d gap = its expected count,
+        t d score / d t = score - <S, posterior> - sum over the gaps of gap * count   (t > 0)
+
+    the last because the score is homogeneous of degree 1: score(cS, c gaps, c t) = c score(S, gaps, t)
+    for c > 0, so its derivative in c at c = 1 (Euler's identity) is the score itself. A pair whose
+    incoming gradient is 0 gets 0, whatever its posterior (a NaN in S included), as in the backward kernels."""
+    need_S, need_t, need_gaps = needs
+    g = grad_scores
+    zero = g == 0
+    grad_S = grad_t = None
+    grad_gaps = [None] * len(gaps)
+    if need_S:
+        grad_S = torch.where(zero[:, None, None], 0, g[:, None, None] * posterior)
+    for k, count in enumerate(counts):
+        if need_gaps[k]:
+            grad_gaps[k] = torch.where(zero, 0, g * count)
+    if need_t:
+        torch._assert_async((temperature > 0).all(), TEMPERATURE_GRADIENT_AT_ZERO)
+        # <S, posterior> over the cells the alignment can use: S outside the lengths (or -inf where the
+        # posterior is 0) must not turn 0 into NaN.
+        inner = torch.where(posterior == 0, 0, S * posterior).sum(dim=(1, 2))
+        euler = scores - inner
+        for gap, count in zip(gaps, counts):
+            euler = euler - gap * count
+        grad_t = torch.where(zero, 0, g * euler / temperature)
+    return grad_S, grad_t, grad_gaps
+
+
+def _setup_posterior_context(ctx, inputs, output):
+    S, _, _, *rest = inputs
+    *gaps, temperature = rest
+    scores, posterior, *counts = output
+    ctx.mark_non_differentiable(posterior, *counts)
+    ctx.save_for_backward(S, temperature, scores, posterior, *gaps, *counts)
+    ctx.gap_count = len(gaps)
+
+
+def _posterior_backward(ctx, grad_scores, *_grad_rest):
+    S, temperature, scores, posterior, *rest = ctx.saved_tensors
+    gaps, counts = rest[:ctx.gap_count], rest[ctx.gap_count:]
+    needs = ctx.needs_input_grad
+    need_gaps = needs[3:3 + ctx.gap_count]
+    with torch.no_grad():
+        grad_S, grad_t, grad_gaps = _per_pair_gradients(grad_scores, S, temperature, gaps, scores, posterior, counts,
+                                                        (needs[0], needs[-1], need_gaps))
+    grad_S, grad_t, *grad_gaps = _once_differentiable((S, temperature, *gaps, grad_scores), grad_S, grad_t,
+                                                      *grad_gaps)
+    return grad_S, None, None, *grad_gaps, grad_t
+
+
+for _name in ("posterior_per_pair", "affine_posterior_per_pair"):
+    torch.library.register_autograd(f"swcli::{_name}", _posterior_backward, setup_context=_setup_posterior_context)
+
+
+def _flatten_vmapped(info, in_dims, args):
+    """The arguments of a per-pair call under torch.vmap as one batch of V * B pairs: each tensor with its
+    vmapped dimension moved first (or expanded, where it has none) and merged with the pairs'."""
+    V = info.batch_size
+    flat = []
+    for arg, dim in zip(args, in_dims):
+        if not isinstance(arg, torch.Tensor):
+            flat.append(arg)
+            continue
+        arg = arg.unsqueeze(0).expand(V, *arg.shape) if dim is None else arg.movedim(dim, 0)
+        flat.append(arg.reshape(V * arg.shape[1], *arg.shape[2:]))
+    return flat
+
+
+def _unflatten_vmapped(info, outputs):
+    V = info.batch_size
+    single = isinstance(outputs, torch.Tensor)
+    outputs = (outputs,) if single else tuple(outputs)
+    outputs = tuple(out.reshape(V, out.shape[0] // V, *out.shape[1:]) for out in outputs)
+    return (outputs[0], 0) if single else (outputs, (0,) * len(outputs))
+
+
+def _vmap_per_pair(op):
+    def rule(info, in_dims, *args):
+        return _unflatten_vmapped(info, op(*_flatten_vmapped(info, in_dims, args)))
+    return rule
+
+
+for _name in ("scores_per_pair", "affine_scores_per_pair", "posterior_per_pair", "affine_posterior_per_pair"):
+    torch.library.register_vmap(f"swcli::{_name}", _vmap_per_pair(getattr(torch.ops.swcli, _name).default))
+
+
+class _PosteriorWithGradient(torch.autograd.Function):
+    """A posterior operator with its autograd, as soft_smith_waterman calls it in eager mode: the registered
+    formula's forward, setup_context and backward, in the form torch.func's transforms take (grad,
+    jacrev, vmap over a leading batch of batches). The backward is a scaling of what the forward
+    computed: no engine runs in it."""
+
+    @staticmethod
+    def forward(S, query_lengths, target_lengths, *gaps_and_temperature):
+        op = _posterior_per_pair if len(gaps_and_temperature) == 2 else _affine_posterior_per_pair
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(S, query_lengths, target_lengths, *gaps_and_temperature)
+
+    setup_context = staticmethod(_setup_posterior_context)
+    backward = staticmethod(_posterior_backward)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        flat = _flatten_vmapped(info, in_dims, args)
+        return _unflatten_vmapped(info, _PosteriorWithGradient.apply(*flat))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -315,9 +539,18 @@ class _AffineForwardWithGradient(torch.autograd.Function):
 def _check_number(name: str, value) -> float:
     if type(value) is float and math.isfinite(value):  # the common case, checked fast
         return value
+    if isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be a finite number here, got a tensor; tensors (0-d or one value per "
+                         "pair, with gradients) go to soft_smith_waterman")
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
+
+
+def _check_parameter(name: str, value, tensors: bool):
+    """A number checked by _check_number, or with `tensors` a tensor as given (checked per pair by
+    _per_pair_parameters)."""
+    return value if tensors and isinstance(value, torch.Tensor) else _check_number(name, value)
 
 
 def _check_lengths(name: str, lengths, size: int, device) -> torch.Tensor | None:
@@ -339,12 +572,12 @@ def _check_ranges(checks) -> None:
     device in one round trip, since each read waits for the device. A graph being compiled cannot read
     the device: there each check is queued on it (torch._assert_async), and a failure stops the graph's
     run with the message."""
-    checks = [check for check in checks if check[0].numel()]
-    if not checks:
-        return
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # (an empty check holds: no filter to trace)
         for values, low, high, message in checks:
             torch._assert_async(((values >= low) & (values <= high)).all(), message(None, None))
+        return
+    checks = [check for check in checks if check[0].numel()]
+    if not checks:
         return
     extremes = torch.stack([x for values, *_ in checks for x in torch.aminmax(values)]).tolist()
     for k, (_, low, high, message) in enumerate(checks):
@@ -380,19 +613,21 @@ def _resolve_backend(backend: str, tensor: torch.Tensor) -> str:
     return backend
 
 
-def _check_gaps(gap, gap_open, gap_extend):
+def _check_gaps(gap, gap_open, gap_extend, tensors: bool = False):
     """(gap, None) for a linear gap, or (None, (gap_open, gap_extend)) for affine gaps, checked (the rule
-    is in the module docstring)."""
+    is in the module docstring). With `tensors`, tensor gaps pass as given, for _per_pair_parameters."""
     if gap_open is None and gap_extend is None:
-        return _check_number("gap", -1.0 if gap is None else gap), None
+        return _check_parameter("gap", -1.0 if gap is None else gap, tensors), None
     if gap_open is None or gap_extend is None:
         given, missing = ("gap_open", "gap_extend") if gap_extend is None else ("gap_extend", "gap_open")
         raise ValueError(f"affine gaps need both gap_open and gap_extend: {given} was given without {missing} "
                          "(for a linear gap, give gap alone)")
     if gap is not None:
         raise ValueError("give either gap (a linear gap score) or gap_open and gap_extend (affine gaps), not both")
-    gap_open = _check_number("gap_open", gap_open)
-    gap_extend = _check_number("gap_extend", gap_extend)
+    gap_open = _check_parameter("gap_open", gap_open, tensors)
+    gap_extend = _check_parameter("gap_extend", gap_extend, tensors)
+    if isinstance(gap_open, torch.Tensor) or isinstance(gap_extend, torch.Tensor):
+        return None, (gap_open, gap_extend)
     if gap_extend > 0:
         raise ValueError(f"gap_extend must be <= 0 (a score added for each further gap position), got {gap_extend}")
     if gap_open > gap_extend:
@@ -402,12 +637,13 @@ def _check_gaps(gap, gap_open, gap_extend):
 
 
 def _check_arguments(temperature, backend: str, tensor: torch.Tensor, shape: tuple[int, int, int],
-                     query_lengths, target_lengths, ranges=()):
+                     query_lengths, target_lengths, ranges=(), tensors: bool = False):
     """The checks both entry points share besides the gaps': (temperature, resolved backend, qlen, tlen).
     `tensor` is the input whose device the lengths must match; `ranges` are the caller's own range
-    checks, read from the device with the lengths' (see _check_ranges)."""
-    temperature = _check_number("temperature", temperature)
-    if temperature < 0:
+    checks, read from the device with the lengths' (see _check_ranges). With `tensors`, a tensor
+    temperature passes as given, for _per_pair_parameters."""
+    temperature = _check_parameter("temperature", temperature, tensors)
+    if not isinstance(temperature, torch.Tensor) and temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 is the exact hard maximum), got {temperature}")
     backend = _resolve_backend(backend, tensor)
     B, M, N = shape
@@ -439,34 +675,64 @@ def prepare_backend(backend: str) -> None:
 ROWS_WIDEST = 256
 ROWS_NARROWEST = 129
 ROWS_NARROWEST_WITH_LENGTHS = 193
+# The largest |gap_open| log2(e) / t of the scaled affine cell (affine_shared_limit in kernels/cuda/affine.cuh).
+AFFINE_SHARED_LIMIT = 100.0
 
 
 def gradient_by_rows(S: torch.Tensor, lengths: bool, gap: float, temperature: float) -> bool:
     """Whether the gradient of this call goes by rows: float32 CUDA scores at t > 0 with gap <= 0, N
     between ROWS_NARROWEST (with lengths ROWS_NARROWEST_WITH_LENGTHS) and ROWS_WIDEST, and no CUDA graph
-    being captured or compiled: the rows' backward reads one int from the device (how many pairs left
-    the scaled range), which a capture does not allow, and a compiled graph may be replayed as one."""
+    being captured, compiled or traced: the rows' backward reads one int from the device (how many pairs
+    left the scaled range), which a capture does not allow, a compiled graph may be replayed as one, and
+    a traced graph may run at other widths."""
     narrowest = ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
     return (S.is_cuda and S.dtype is torch.float32 and temperature > 0 and gap <= 0
-            and narrowest <= S.shape[2] <= ROWS_WIDEST and not torch.compiler.is_compiling()
+            and narrowest <= S.shape[2] <= ROWS_WIDEST and not _capturing_graph()
             and not torch.cuda.is_current_stream_capturing())
+
+
+def affine_gradient_by_rows(S: torch.Tensor, lengths: bool, gap_open: float, temperature: float) -> bool:
+    """Whether an affine gradient goes by rows: float32 CUDA scores at t > 0 in the scaled affine form
+    (|gap_open| log2(e) / t <= 100: a gap opening's factor 2^(gap_open log2(e) / t) at or above 2^-100,
+    kernels/cuda/affine_scaled.cuh), N up to ROWS_WIDEST, outside CUDA graph capture and compilation (as
+    gradient_by_rows). Unlike the linear table's, the affine state's path is slower at every width
+    (docs/benchmarks/h200.md), with or without lengths."""
+    return (S.is_cuda and S.dtype is torch.float32 and temperature > 0 and S.shape[2] <= ROWS_WIDEST
+            and -gap_open * (1.4426950408889634 / temperature) <= AFFINE_SHARED_LIMIT  # as the engine rounds it
+            and not _capturing_graph() and not torch.cuda.is_current_stream_capturing())
 
 
 # --------------------------------------------------------------------------------------------------
 # The public functions
 
 
+def _capturing_graph() -> bool:
+    """Whether a graph is being captured from this call (torch.compile, torch.export, torch.jit.trace):
+    then the operators are called with their registered autograd, so that the graph holds them and
+    differentiates them wherever it runs, and no value is read from a tensor (a read would be frozen
+    into the graph, or break it)."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def _in_functorch() -> bool:
+    """Whether a torch.func transform (grad, vjp, jacrev, vmap) is active: its wrapped tensors take only
+    autograd Functions written for them, which the per-pair path has (_PosteriorWithGradient)."""
+    # (torch.compile traces no functorch internals; a compiled graph under a transform is functorch's own)
+    return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def soft_smith_waterman(
     score_matrix: torch.Tensor,
-    gap: float | None = None,
-    temperature: float = 1.0,
+    gap: float | torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
     query_lengths=None,
     target_lengths=None,
     backend: str = "auto",
     *,
-    gap_open: float | None = None,
-    gap_extend: float | None = None,
-) -> torch.Tensor:
+    gap_open: float | torch.Tensor | None = None,
+    gap_extend: float | torch.Tensor | None = None,
+    return_posterior: bool = False,
+):
     """Soft Smith-Waterman local alignment scores, (B,), of a batch of score matrices (B, M, N).
 
     gap is the linear score added per gap position (normally negative; -1.0 when not given). With
@@ -474,8 +740,20 @@ def soft_smith_waterman(
     position, gap_extend for each further one, gap_open <= gap_extend <= 0. Temperature 0 is classic hard
     Smith-Waterman (Gotoh's with affine gaps). Pair b is scored on
     score_matrix[b, :query_lengths[b], :target_lengths[b]].
+
+    The gaps and the temperature are Python numbers, or tensors: 0-d (one value for the batch) or (B,)
+    (one per pair), differentiable where they require grad (d score / d gap is the expected number of gap
+    positions of the soft alignment; d score / d t needs t > 0). Tensors run on the CPU engine and the
+    reference loop (the CUDA engine raises).
+
+    return_posterior: return (scores, posterior), the posterior being d score[b] / d S[b] (S's shape):
+    the soft alignment, each entry the probability that the cell is matched (the best alignment's match
+    cells at t = 0), 0 outside each pair's lengths. The compiled engines compute it by their backward
+    from the forward's state, with no second forward; it carries no gradient of its own (a second
+    derivative: backend='reference').
+
     backend: 'auto' (CUDA for GPU tensors, else the compiled CPU engine), 'cuda', 'cpu', or 'reference'
-    (the Python loop). float16/bfloat16 are computed in float32; the result has the input's dtype.
+    (the Python loop). float16/bfloat16 are computed in float32; the results have the input's dtype.
     """
     if gap is None and gap_open is None and gap_extend is None:
         gap = -1.0
@@ -483,7 +761,8 @@ def soft_smith_waterman(
             and gap_extend is None and query_lengths is None and target_lengths is None and backend == "auto"
             and type(score_matrix) is torch.Tensor and score_matrix.is_cuda and score_matrix.dtype is torch.float32
             and score_matrix.dim() == 3 and not score_matrix.requires_grad and temperature >= 0
-            and math.isfinite(gap) and math.isfinite(temperature)):
+            and math.isfinite(gap) and math.isfinite(temperature) and not return_posterior
+            and not torch.jit.is_tracing()):
         # Inference on full float32 pairs on the GPU with a linear gap, every argument checked as below but
         # in fewer steps: at small sizes (the seed's) the host's time per call sets the rate.
         return _scores(score_matrix, None, None, gap, temperature)
@@ -494,37 +773,39 @@ def soft_smith_waterman(
     dtype = score_matrix.dtype
     if not dtype.is_floating_point:
         raise ValueError(f"score_matrix must be floating point, got dtype {dtype}")
-    gap, affine = _check_gaps(gap, gap_open, gap_extend)
+    gap, affine = _check_gaps(gap, gap_open, gap_extend, tensors=True)
     temperature, backend, qlen, tlen = _check_arguments(
-        temperature, backend, score_matrix, score_matrix.shape, query_lengths, target_lengths)
+        temperature, backend, score_matrix, score_matrix.shape, query_lengths, target_lengths, tensors=True)
 
     S = score_matrix
     if dtype is torch.float16 or dtype is torch.bfloat16:
         S = S.float()
-    if affine is not None:
+    gaps = (gap,) if affine is None else affine
+    if any(isinstance(x, torch.Tensor) for x in (*gaps, temperature)) or _in_functorch():
+        scores, posterior = _per_pair_scores(S, qlen, tlen, gaps, temperature, backend, return_posterior)
+    elif return_posterior:
+        scores, posterior = _scores_and_posterior(S, qlen, tlen, gaps, temperature, backend)
+    elif affine is not None:
         scores = _affine_scores_of(S, qlen, tlen, *affine, temperature, backend)
     elif backend == "reference":
         scores = soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
     else:
         _load_engine_for(S)
-        if torch.is_grad_enabled() and S.requires_grad:
+        if torch.jit.is_tracing() or (torch.is_grad_enabled() and S.requires_grad):
+            # A traced graph holds the differentiable forward whatever the example's requires_grad was:
+            # it may run with a score matrix that requires grad.
             by_rows = gradient_by_rows(S, qlen is not None or tlen is not None, gap, temperature)
-            if torch.compiler.is_compiling():
+            if _capturing_graph():
                 scores = _forward(S, qlen, tlen, gap, temperature, by_rows)[0]
             else:
                 scores = _ForwardWithGradient.apply(S, qlen, tlen, gap, temperature, by_rows)
         else:  # no gradient: no DP table, and none of autograd's overhead (it counts at small sizes)
             scores = _scores(S, qlen, tlen, gap, temperature)
-    return scores if S is score_matrix else scores.to(dtype)
-
-
-def _require_affine_kernels(tensor: torch.Tensor) -> None:
-    """A clear error, instead of the dispatcher's, where the engine of a CUDA tensor has no affine kernels
-    (the CUDA engine's are not written yet); checked once they are registered, so nothing changes then."""
-    if tensor.is_cuda and not torch.compiler.is_compiling() and not torch._C._dispatch_has_kernel_for_dispatch_key(
-            "swcli::affine_scores", "CUDA"):
-        raise ValueError("affine gaps (gap_open, gap_extend) have no CUDA kernels yet: score CPU tensors, or use "
-                         "backend='reference'")
+    if S is not score_matrix:
+        scores = scores.to(dtype)
+        if return_posterior:
+            posterior = posterior.to(dtype)
+    return (scores, posterior) if return_posterior else scores
 
 
 def _affine_scores_of(S, qlen, tlen, gap_open: float, gap_extend: float, temperature: float,
@@ -533,12 +814,132 @@ def _affine_scores_of(S, qlen, tlen, gap_open: float, gap_extend: float, tempera
     if backend == "reference":
         return soft_smith_waterman_affine_reference(S, gap_open, gap_extend, temperature, qlen, tlen)
     _load_engine_for(S)
-    _require_affine_kernels(S)
-    if torch.is_grad_enabled() and S.requires_grad:
-        if torch.compiler.is_compiling():
-            return _affine_forward(S, qlen, tlen, gap_open, gap_extend, temperature)[0]
-        return _AffineForwardWithGradient.apply(S, qlen, tlen, gap_open, gap_extend, temperature)
+    if torch.jit.is_tracing() or (torch.is_grad_enabled() and S.requires_grad):
+        by_rows = affine_gradient_by_rows(S, qlen is not None or tlen is not None, gap_open, temperature)
+        if _capturing_graph():
+            return _affine_forward(S, qlen, tlen, gap_open, gap_extend, temperature, by_rows)[0]
+        return _AffineForwardWithGradient.apply(S, qlen, tlen, gap_open, gap_extend, temperature, by_rows)
     return _affine_scores(S, qlen, tlen, gap_open, gap_extend, temperature)
+
+
+def _reference_scores_and_posterior(S, qlen, tlen, gaps, temperature):
+    """The reference loop's scores and d score / d S by autograd through it; the posterior is itself
+    differentiable where the scores are (create_graph), so second derivatives work here."""
+    differentiable = torch.is_grad_enabled() and (
+        S.requires_grad or any(isinstance(x, torch.Tensor) and x.requires_grad for x in (*gaps, temperature)))
+    with torch.enable_grad():
+        S_in = S if S.requires_grad else S.detach().requires_grad_()
+        if len(gaps) == 1:
+            scores = soft_smith_waterman_reference(S_in, gaps[0], temperature, qlen, tlen)
+        else:
+            scores = soft_smith_waterman_affine_reference(S_in, *gaps, temperature, qlen, tlen)
+        (posterior,) = torch.autograd.grad(scores.sum(), S_in, create_graph=differentiable)
+    if not differentiable:
+        scores, posterior = scores.detach(), posterior.detach()
+    return scores, posterior
+
+
+def _scores_and_posterior(S, qlen, tlen, gaps, temperature: float, backend: str):
+    """(scores, posterior) with numbers for the gaps and the temperature: the engine's forward that keeps
+    its state (differentiable, as for a gradient), then its backward from a gradient of 1 per pair on
+    that state. The scores' own gradient, if asked for, runs the backward again; with tensor gaps the
+    per-pair operators return the posterior with the scores, and the gradient is a scaling of it."""
+    if backend == "reference":
+        return _reference_scores_and_posterior(S, qlen, tlen, gaps, temperature)
+    _load_engine_for(S)
+    ones = torch.ones(S.shape[0], dtype=S.dtype, device=S.device)
+    if len(gaps) == 1:
+        by_rows = gradient_by_rows(S, qlen is not None or tlen is not None, gaps[0], temperature)
+        scores, state, best, failed = _forward(S, qlen, tlen, gaps[0], temperature, by_rows)
+        with torch.no_grad():
+            posterior = _backward(ones, S.detach(), state, best, failed, qlen, tlen, gaps[0], temperature, by_rows)
+    else:
+        by_rows = affine_gradient_by_rows(S, qlen is not None or tlen is not None, gaps[0], temperature)
+        scores, state, best, failed = _affine_forward(S, qlen, tlen, *gaps, temperature, by_rows)
+        with torch.no_grad():
+            posterior = _affine_backward(ones, S.detach(), state, best, failed, qlen, tlen, *gaps, temperature,
+                                         by_rows)
+    return scores, posterior
+
+
+def _per_pair_parameters(S, gaps, temperature):
+    """The gaps and the temperature as (B,) tensors in S's dtype on its device, each from a number, a 0-d
+    tensor (expanded: its gradient is the sum over the pairs) or a (B,) tensor; their values checked in
+    one read from the device, outside graph capture and torch.func transforms (there the engine checks
+    them itself)."""
+    B = S.shape[0]
+    names = ("gap",) if len(gaps) == 1 else ("gap_open", "gap_extend")
+    values = []
+    for name, value in zip((*names, "temperature"), (*gaps, temperature)):
+        if not isinstance(value, torch.Tensor):
+            values.append(torch.full((B,), value, dtype=S.dtype, device=S.device))
+            continue
+        if value.dim() != 0 and tuple(value.shape) != (B,):
+            raise ValueError(f"{name} must be a number, a 0-d tensor or a ({B},) tensor with one value per pair, "
+                             f"got shape {tuple(value.shape)}")
+        if value.dtype == torch.bool or value.dtype.is_complex:
+            raise ValueError(f"{name} must hold real numbers, got dtype {value.dtype}")
+        values.append(value.to(device=S.device, dtype=S.dtype).expand(B))
+    if not _capturing_graph() and not _in_functorch() and S.device.type != "meta" and B:
+        _check_per_pair_values(names, values, needs_positive_temperature=torch.is_grad_enabled()
+                               and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
+    return values
+
+
+def _check_per_pair_values(names, values, needs_positive_temperature: bool) -> None:
+    """The rules of the per-pair values (the gaps' as for numbers; t >= 0, and t > 0 where it requires
+    grad), all read in one round trip; the first pair that breaks one is named."""
+    *gaps, temperature = [v.detach() for v in values]
+    rules = [(torch.isfinite(v), f"{name} must be finite") for name, v in zip(names, gaps)]
+    rules.append((torch.isfinite(temperature) & (temperature >= 0), "temperature must be finite and >= 0"))
+    if len(gaps) == 2:
+        rules.append((gaps[1] <= 0, "gap_extend must be <= 0"))
+        rules.append((gaps[0] <= gaps[1], "gap_open must be <= gap_extend"))
+    if needs_positive_temperature:
+        rules.append((temperature > 0, TEMPERATURE_GRADIENT_AT_ZERO))
+    broken = torch.stack([~ok for ok, _ in rules])  # (rules, B)
+    if not broken.any().item():
+        return
+    rule, pair = divmod(int(broken.flatten().nonzero()[0].item()), broken.shape[1])
+    shown = ", ".join(f"{name} = {v[pair].item():g}" for name, v in zip((*names, "temperature"), values))
+    raise ValueError(f"{rules[rule][1]}; pair {pair} has {shown}")
+
+
+def _require_per_pair_kernels(S: torch.Tensor, affine: bool) -> None:
+    """A clear error, instead of the dispatcher's, where the engine of S's device has no per-pair
+    operators (the CUDA engine's are not written yet)."""
+    name = "affine_posterior_per_pair" if affine else "posterior_per_pair"
+    if S.is_cuda and not torch.compiler.is_compiling() and not torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"swcli::{name}", "CUDA"):
+        raise ValueError(
+            f"tensor gaps or temperature (and torch.func transforms) need the operator swcli::{name}, which the "
+            "CUDA engine does not implement yet: give Python numbers for the gaps and the temperature with CUDA "
+            "tensors, or score CPU tensors, or use backend='reference'")
+
+
+def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_posterior: bool):
+    """(scores, posterior or None) where a gap or the temperature is a tensor (or a torch.func transform is
+    active): the per-pair operators, differentiable in S, the gaps and the temperature."""
+    if backend == "reference":
+        if return_posterior:
+            return _reference_scores_and_posterior(S, qlen, tlen, gaps, temperature)
+        if len(gaps) == 1:
+            return soft_smith_waterman_reference(S, gaps[0], temperature, qlen, tlen), None
+        return soft_smith_waterman_affine_reference(S, *gaps, temperature, qlen, tlen), None
+    _load_engine_for(S)
+    _require_per_pair_kernels(S, affine=len(gaps) == 2)
+    _refuse_nested_differentiation()
+    values = _per_pair_parameters(S, gaps, temperature)
+    differentiable = torch.is_grad_enabled() and (S.requires_grad or any(v.requires_grad for v in values))
+    if not (return_posterior or differentiable or torch.jit.is_tracing()):
+        op = _scores_per_pair if len(gaps) == 1 else _affine_scores_per_pair
+        return op(S, qlen, tlen, *values), None
+    if _capturing_graph():
+        op = _posterior_per_pair if len(gaps) == 1 else _affine_posterior_per_pair
+        scores, posterior, *_ = op(S, qlen, tlen, *values)
+    else:
+        scores, posterior, *_ = _PosteriorWithGradient.apply(S, qlen, tlen, *values)
+    return scores, posterior
 
 
 def soft_smith_waterman_codes(
@@ -553,14 +954,16 @@ def soft_smith_waterman_codes(
     *,
     gap_open: float | None = None,
     gap_extend: float | None = None,
-) -> torch.Tensor:
+    return_posterior: bool = False,
+):
     """Scores (B,) of pairs given as uint8 codes (B, M), (B, N) into a K x K substitution matrix.
 
     The gaps as in soft_smith_waterman: gap (linear, -1.0 when not given), or gap_open and gap_extend
-    (affine). The compiled engines look each score up in the matrix as they go, so the (B, M, N) score
-    tensor is never built (it would cost more than the alignment itself); backend='reference' builds it
-    with a gather and runs the Python loop in the matrix's dtype. No gradient: use soft_smith_waterman for
-    that.
+    (affine), Python numbers. The compiled engines look each score up in the matrix as they go, so the
+    (B, M, N) score tensor is never built (it would cost more than the alignment itself); backend='reference'
+    builds it with a gather and runs the Python loop in the matrix's dtype. No gradient: use
+    soft_smith_waterman for that. return_posterior: (scores, posterior) as soft_smith_waterman returns them;
+    the posterior is (B, M, N) anyway, so the scores are gathered into S for it and scored densely.
     """
     for name, codes in (("query_codes", query_codes), ("target_codes", target_codes)):
         if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.dtype != torch.uint8:
@@ -580,6 +983,12 @@ def soft_smith_waterman_codes(
         temperature, backend, query_codes, (B, M, target_codes.shape[1]), query_lengths, target_lengths,
         (_code_range("query_codes", query_codes, K), _code_range("target_codes", target_codes, K)))
     gap_open, gap_extend = affine or (None, None)
+    if return_posterior:
+        matrix = matrix.to(query_codes.device)
+        S = matrix[query_codes.long()[:, :, None], target_codes.long()[:, None, :]]
+        with torch.no_grad():
+            return soft_smith_waterman(S, gap, temperature, qlen, tlen, backend, gap_open=gap_open,
+                                       gap_extend=gap_extend, return_posterior=True)
     return score_checked_codes(query_codes, target_codes, matrix.to(query_codes.device), gap, temperature, qlen,
                                tlen, backend, gap_open=gap_open, gap_extend=gap_extend)
 
@@ -600,9 +1009,11 @@ def score_checked_codes(query_codes, target_codes, matrix, gap: float | None, te
         return soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
     _load_engine_for(query_codes)
     if affine:
-        _require_affine_kernels(query_codes)
         return _affine_scores_codes(query_codes, target_codes, matrix, qlen, tlen, gap_open, gap_extend, temperature)
     return _scores_codes(query_codes, target_codes, matrix, qlen, tlen, gap, temperature)
+
+
+LEARNABLE = ("gap_open", "gap_extend", "temperature")
 
 
 class SoftSmithWaterman(nn.Module):
@@ -610,15 +1021,48 @@ class SoftSmithWaterman(nn.Module):
 
     gap_open keeps the seed module's meaning, the linear gap score added for every gap position, unless
     gap_extend is given: then the gaps are affine, gap_open for a gap's first position and gap_extend
-    for each further one (soft_smith_waterman's gap_open and gap_extend)."""
+    for each further one (soft_smith_waterman's gap_open and gap_extend).
+
+    learnable: True (every one), or the names among gap_open, gap_extend and temperature to hold as
+    nn.Parameters (0-d, in the default dtype), learned with the module's other parameters. The gaps are
+    held as they are (an affine step that leaves gap_open <= gap_extend <= 0 makes the next forward raise:
+    clamp them after a step if the optimiser may cross those bounds); the temperature is held as its log,
+    the parameter log_temperature, so that it stays > 0 (temperature 0, the hard maximum, has no
+    gradient in t), and the temperature attribute reads exp(log_temperature).
+    """
 
     def __init__(self, gap_open: float = -1.0, temperature: float = 1.0, backend: str = "auto", *,
-                 gap_extend: float | None = None):
+                 gap_extend: float | None = None, learnable: bool | tuple[str, ...] = False):
         super().__init__()
-        self.gap_open = gap_open
-        self.temperature = temperature
         self.backend = backend
-        self.gap_extend = gap_extend
+        names = _learnable_names(learnable, affine=gap_extend is not None)
+        for name, value in (("gap_open", gap_open), ("gap_extend", gap_extend)):
+            if name in names:
+                self.register_parameter(name, nn.Parameter(torch.tensor(_check_number(name, value))))
+            else:
+                setattr(self, name, value)
+        if "temperature" in names:
+            temperature = _check_number("temperature", temperature)
+            if temperature <= 0:
+                raise ValueError(f"a learnable temperature must be > 0 (it is held as its log), got {temperature}")
+            self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature)))
+        else:
+            self._temperature = temperature
+
+    @property
+    def temperature(self):
+        """The temperature: a number, or exp(log_temperature) where it is learnable (a 0-d tensor)."""
+        if "log_temperature" in self._parameters:
+            return self.log_temperature.exp()
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value) -> None:
+        if "log_temperature" in self._parameters:
+            with torch.no_grad():
+                self.log_temperature.fill_(math.log(_check_number("temperature", value)))
+        else:
+            self._temperature = value
 
     def forward(self, score_matrix, query_lengths=None, target_lengths=None):
         if self.gap_extend is None:
@@ -628,5 +1072,46 @@ class SoftSmithWaterman(nn.Module):
                                    gap_open=self.gap_open, gap_extend=self.gap_extend)
 
     def extra_repr(self) -> str:
-        extend = "" if self.gap_extend is None else f", gap_extend={self.gap_extend}"
-        return f"gap_open={self.gap_open}{extend}, temperature={self.temperature}, backend={self.backend!r}"
+        def shown(value):
+            return f"{value.item():g}" if isinstance(value, torch.Tensor) else f"{value}"
+
+        extend = "" if self.gap_extend is None else f", gap_extend={shown(self.gap_extend)}"
+        learned = [name for name in LEARNABLE if name in self._parameters or f"log_{name}" in self._parameters]
+        learnable = f", learnable={tuple(learned)}" if learned else ""
+        return (f"gap_open={shown(self.gap_open)}{extend}, temperature={shown(self.temperature)}, "
+                f"backend={self.backend!r}{learnable}")
+
+    def __prepare_scriptable__(self):
+        raise _not_scriptable("SoftSmithWaterman")
+
+
+def _learnable_names(learnable, affine: bool) -> tuple[str, ...]:
+    """The names SoftSmithWaterman(learnable=...) holds as parameters, checked."""
+    if learnable is True:
+        return LEARNABLE if affine else ("gap_open", "temperature")
+    if learnable is False or learnable is None:
+        return ()
+    names = (learnable,) if isinstance(learnable, str) else tuple(learnable)
+    for name in names:
+        if name not in LEARNABLE:
+            raise ValueError(f"learnable names one of {', '.join(LEARNABLE)}, got {name!r}")
+        if name == "gap_extend" and not affine:
+            raise ValueError("gap_extend can only be learned with affine gaps: give gap_extend a value")
+    return names
+
+
+def _not_scriptable(what: str) -> RuntimeError:
+    return RuntimeError(
+        f"{what} cannot be compiled by torch.jit.script: it is Python that checks its arguments and picks an "
+        "engine. Use torch.compile or torch.export, or torch.jit.trace; a scripted module may call the "
+        "operators torch.ops.swcli.* directly (swcli/ops.py lists their schemas)")
+
+
+def _refuse_script():
+    raise _not_scriptable("soft_smith_waterman")
+
+
+# torch.jit.script calls an object's __prepare_scriptable__ first: a clear error instead of TorchScript's
+# complaint about the signature.
+soft_smith_waterman.__prepare_scriptable__ = _refuse_script
+soft_smith_waterman_codes.__prepare_scriptable__ = _refuse_script

@@ -30,12 +30,33 @@ linear recurrence above at every temperature; computed, the two agree to roundin
 
 Slow on purpose: one cell at a time, batched over pairs, differentiable through autograd, which defines
 the gradient. Do not optimise it; its value is that it is obviously the recurrence.
+
+The gaps and the temperature are numbers, or tensors (0-d, or (B,) with one value per pair): autograd
+through the loop then also defines d score / d gap and d score / d temperature. A pair whose temperature
+is 0 takes the hard maximum.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+
+def _soft_max(stack: torch.Tensor, temperature) -> torch.Tensor:
+    """t * logsumexp(stack / t) over the last dimension, max at t = 0; t a number or a (B,) tensor."""
+    if not isinstance(temperature, torch.Tensor):
+        if temperature == 0:
+            return stack.max(dim=-1).values
+        return temperature * torch.logsumexp(stack / temperature, dim=-1)
+    # Per pair: the soft branch at t = 1 where t = 0, so that its (unused) gradient stays finite; a -inf
+    # term (an affine state on the border) is divided as a 0 and put back, since d(x / t) / dt = -x / t^2
+    # would make its zero weight's gradient 0 * inf = NaN.
+    t = temperature.expand(stack.shape[0])
+    safe = torch.where(t == 0, torch.ones_like(t), t)
+    impossible = stack == float("-inf")
+    scaled = torch.where(impossible, stack, torch.where(impossible, 0, stack) / safe[:, None])
+    soft = safe * torch.logsumexp(scaled, dim=-1)
+    return torch.where(t == 0, stack.max(dim=-1).values, soft)
 
 
 def soft_smith_waterman_reference(
@@ -59,10 +80,7 @@ def soft_smith_waterman_reference(
             insert = H[:, i, j - 1] + gap
             zero = torch.zeros_like(match)
             stack = torch.stack([zero, match, delete, insert], dim=-1)
-            if temperature == 0:
-                H[:, i, j] = stack.max(dim=-1).values
-            else:
-                H[:, i, j] = temperature * torch.logsumexp(stack / temperature, dim=-1)
+            H[:, i, j] = _soft_max(stack, temperature)
     H = _outside_lengths(H, query_lengths, target_lengths)
     return H.reshape(B, (M + 1) * (N + 1)).max(dim=-1).values
 
@@ -100,6 +118,8 @@ def soft_smith_waterman_affine_reference(
     Y = torch.full((B, M + 1, N + 1), float("-inf"), **options)
 
     def smax(*terms):
+        if isinstance(temperature, torch.Tensor):
+            return _soft_max(torch.stack(terms, dim=-1), temperature)
         if temperature == 0:
             # The first largest term, or a NaN: the term torch.max(dim) picks, so autograd sends the
             # gradient to it alone. Pairwise, since on small tensors torch.max(dim) waits for the
@@ -110,7 +130,7 @@ def soft_smith_waterman_affine_reference(
             return best
         return temperature * torch.logsumexp(torch.stack(terms, dim=-1) / temperature, dim=-1)
 
-    start = torch.full((B,), float(gap_open), **options)  # the 0 of an opening, plus o
+    start = torch.zeros(B, **options) + gap_open  # the 0 of an opening, plus o
     zero = torch.zeros(B, **options)
     for i in range(1, M + 1):
         for j in range(1, N + 1):

@@ -174,15 +174,56 @@ def make_block(database: Database, start: int, stop: int, device, flat: torch.Te
 # The search
 
 
+class ExactSearch:
+    """The exact 16-bit search kernel's set-up (kernels/cuda/search_s16.cu), for CUDA searches at t = 0
+    whose matrix and gaps are integers small enough for 16-bit lanes: the table of score pairs, the
+    largest score's limit, and the integer gaps. The table has a letter past the matrix, the padding,
+    whose scores (the matrix's smallest, at most 0) never raise a best cell."""
+
+    LARGEST = 1000  # the largest |score| and |gap| taken: far from the int16 range, so overflow is a long run
+
+    def __init__(self, matrix: torch.Tensor, gap_open: int, gap_extend: int):
+        S = matrix.to(torch.int64)
+        K = S.shape[0]
+        padded = torch.cat([S, torch.full((K, 1), min(int(S.min()), 0), dtype=torch.int64, device=S.device)], 1)
+        halves = padded & 0xFFFF
+        pairs = halves[:, None, :] + (halves[:, :, None] << 16)  # [q, b, a] = (S[q][a], S[q][b]): low half a
+        self.table = (pairs - ((pairs >> 31) << 32)).to(torch.int32)  # the same 32 bits, as int32
+        self.limit = 32767 - max(int(S.max()), 0)
+        self.gap_open, self.gap_extend = gap_open, gap_extend
+
+    @classmethod
+    def of(cls, matrix: torch.Tensor, temperature: float, gap: float | None, gap_open: float | None,
+           gap_extend: float | None) -> "ExactSearch | None":
+        """The set-up where the kernel takes the search (matrix on a CUDA device), else None."""
+        gaps = (gap, gap) if gap_open is None else (gap_open, gap_extend)
+        if not matrix.is_cuda or temperature != 0 or matrix.shape[0] * (matrix.shape[0] + 1) ** 2 * 4 > 200_000:
+            return None
+        if not all(float(g).is_integer() and -cls.LARGEST <= g <= 0 for g in gaps):
+            return None
+        if not bool(((matrix == matrix.round()) & (matrix.abs() <= cls.LARGEST)).all()):
+            return None
+        return cls(matrix, int(gaps[0]), int(gaps[1]))
+
+    def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores (n,) int32, -1 where 16 bits could not hold a pair; their count (1,)), queued."""
+        return torch.ops.swcli.search_scores_s16(query, block.codes, block.lengths, self.table, self.gap_open,
+                                                 self.gap_extend, self.limit)
+
+
 @dataclass
 class Pending:
     """A query whose work is queued: its best keys (on the device), and the timing of its scoring calls
-    (CUDA: event pairs, read once the keys are back; CPU: seconds)."""
+    (CUDA: event pairs, read once the keys are back; CPU: seconds). With the exact 16-bit kernel also
+    what its pairs past int16 need: the query, and per block its scores and their count of such pairs."""
 
     keys: torch.Tensor | None  # None: an empty database
     events: list = field(default_factory=list)
     seconds: float = 0.0
-    ranks: torch.Tensor | None = None  # ranked by E-value: the keys' R (statistics.EvalueRanking)
+    query: torch.Tensor | None = None
+    exact: list = field(default_factory=list)  # (block, scores (n,) int32, overflow count (1,))
+    table: torch.Tensor | None = None  # ranked by E-value: the query's table (statistics.EvalueRanking)
+    ranks: torch.Tensor | None = None  # and the keys' R
 
 
 class Searcher:
@@ -204,6 +245,11 @@ class Searcher:
         self.backend, self.device = backend, torch.device(device or "cpu")
         self.on_gpu = self.device.type == "cuda"
         self.matrix = matrix.to(self.device)
+        self.exact = (ExactSearch.of(self.matrix, temperature, gap, gap_open, gap_extend)
+                      if backend == "cuda" and self.on_gpu else None)
+        if self.exact is not None and len(database.codes) and int(np.asarray(database.codes).max()) >= len(matrix):
+            raise SwcliError(f"{database.source}: a residue code past the {len(matrix)}-letter matrix "
+                             "(the prepared database does not match it)")
         self.lengths = database.lengths
         self.bounds = block_bounds(database, max_cells)
         self.ranking = None
@@ -235,7 +281,8 @@ class Searcher:
         query = torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else torch.zeros(0, dtype=torch.uint8)
         query = _to(query, self.device)
         pending, candidates = Pending(None), []
-        table = None if self.ranking is None else _to(torch.from_numpy(self.ranking.table(len(codes))), self.device)
+        if self.ranking is not None:
+            pending.table = _to(torch.from_numpy(self.ranking.table(len(codes))), self.device)
         for index, block in enumerate(self.blocks()):
             rows = block.codes.shape[0]
             if self.on_gpu:
@@ -243,30 +290,61 @@ class Searcher:
                 started.record()
             else:
                 began = time.perf_counter()
-            scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
-                                         self.temperature, None, block.lengths, self.backend, **self.affine)
+            if self.exact is not None:
+                exact, overflows = self.exact.scores(query, block)
+                pending.exact.append((block, exact, overflows))
+                scores = exact.float()
+            else:
+                scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
+                                             self.temperature, None, block.lengths, self.backend, **self.affine)
             if self.on_gpu:
                 finished.record()
                 pending.events.append((started, finished))
             else:
                 pending.seconds += time.perf_counter() - began
-            keys = score_keys(scores, block.tiebreak)
-            if table is not None:
-                candidates.append(self.ranking.best(self.ranking.ranks(table, scores, index), keys, self.top))
-                continue
-            candidates.append(top_keys(keys, self.top) if rows > self.top else keys)
-        if candidates and table is not None:
+            candidates.append(self.candidates(pending, index, block, scores))
+        self.choose(pending, candidates)
+        pending.query = query
+        return pending
+
+    def candidates(self, pending: Pending, index: int, block: Block, scores: torch.Tensor):
+        """A block's best keys by score, or its best (R, keys) by E-value."""
+        keys = score_keys(scores, block.tiebreak)
+        if pending.table is not None:
+            return self.ranking.best(self.ranking.ranks(pending.table, scores, index), keys, self.top)
+        return top_keys(keys, self.top) if len(keys) > self.top else keys
+
+    def choose(self, pending: Pending, candidates: list) -> None:
+        """The query's best keys (and R, by E-value) from its blocks' candidates."""
+        if candidates and pending.table is not None:
             ranks, keys = zip(*candidates)
             pending.ranks, pending.keys = self.ranking.best(torch.cat(ranks), torch.cat(keys), self.top)
         elif candidates:
             pending.keys = top_keys(torch.cat(candidates), self.top)
-        return pending
+
+    def rescore_overflows(self, pending: Pending) -> None:
+        """Score the pairs the 16-bit kernel could not hold again in float32 (exact for integers below
+        2^24), and take the query's best keys again: rare (a score past 32767 - the largest matrix
+        score), so the work waits for the device here."""
+        if not pending.exact or int(torch.cat([count for _, _, count in pending.exact]).sum()) == 0:
+            return
+        candidates = []
+        for index, (block, exact, _) in enumerate(pending.exact):  # one entry per block, in order
+            scores = exact.float()
+            wide = (exact < 0).nonzero().flatten()
+            if len(wide):
+                scores[wide] = score_checked_codes(
+                    pending.query.expand(len(wide), -1), block.codes[wide], self.matrix, self.gap, 0.0, None,
+                    block.lengths[wide], self.backend, **self.affine)
+            candidates.append(self.candidates(pending, index, block, scores))
+        self.choose(pending, candidates)
 
     def finish(self, pending: Pending) -> tuple[Hits, float]:
         """A launched query's hits on the host, and the seconds of its scoring calls: the one wait for
         the device per query."""
         if pending.keys is None:  # an empty database
             return Hits(torch.zeros(0), torch.zeros(0, dtype=torch.int64)), pending.seconds
+        self.rescore_overflows(pending)
         keys = pending.keys.cpu()  # waits for the query's work
         seconds = pending.seconds + sum(start.elapsed_time(end) for start, end in pending.events) / 1e3
         hits = hits_of(keys)

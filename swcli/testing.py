@@ -315,18 +315,6 @@ def run(S, gap=-1.0, t=1.0, qlen=None, tlen=None, backend=None, *, gap_extend=No
     return swcli.soft_smith_waterman(S, gap, t, qlen, tlen, backend=backend)
 
 
-def require_affine_kernels(device) -> None:
-    """Load the engine of `device` and skip the test where that engine has no affine kernels yet (the
-    CUDA engine's come later), so that those cases run, and must pass, as soon as it has them. The CPU
-    engine has them: a CPU case is never skipped here."""
-    from swcli.ops import load_engine
-
-    device = torch.device(device)
-    load_engine(device)
-    if device.type == "cuda" and not torch._C._dispatch_has_kernel_for_dispatch_key("swcli::affine_scores", "CUDA"):
-        pytest.skip("affine CUDA kernels not built yet")
-
-
 def window_mask(B, M, N, qlen, tlen):
     """True outside each pair's (qlen, tlen) window."""
     rows = torch.arange(M).view(1, M, 1) >= qlen.cpu().view(B, 1, 1)
@@ -346,6 +334,33 @@ def reference_gradient(S, gap, t, qlen, tlen, grad_out, *, gap_extend=None):
         out = soft_smith_waterman_affine_reference(S64, gap, gap_extend, t, qlen, tlen)
     (out * grad_out.cpu().double()).sum().backward()
     return out.detach(), S64.grad
+
+
+def parameter_gradients(S, gaps: dict, temperature, qlen=None, tlen=None, grad_out=None, backend=None):
+    """(scores, {name: gradient}) of (scores * grad_out).sum() by S and by every tensor among `gaps`
+    (gap, or gap_open and gap_extend) and `temperature` that requires grad: the op on S's device with the
+    compiled backend for it, or `backend`. The inputs are cloned, so one set serves several backends."""
+    import swcli
+
+    if backend is None:
+        backend = BACKENDS_FOR(S.device)
+    S = S.detach().clone().requires_grad_()
+
+    def fresh(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        return value.detach().clone().requires_grad_(value.requires_grad)
+
+    gaps = {name: fresh(value) for name, value in gaps.items()}
+    temperature = fresh(temperature)
+    scores = swcli.soft_smith_waterman(S, temperature=temperature, query_lengths=qlen, target_lengths=tlen,
+                                       backend=backend, **gaps)
+    named = {"S": S, **gaps, "temperature": temperature}
+    named = {name: x for name, x in named.items() if isinstance(x, torch.Tensor) and x.requires_grad}
+    if grad_out is None:
+        grad_out = torch.ones_like(scores)
+    grads = torch.autograd.grad((scores * grad_out).sum(), list(named.values()))
+    return scores.detach(), dict(zip(named, grads))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -372,6 +387,21 @@ class CpuEngineCalls:
         scores, log_pairs = torch.ops.swcli.scores_codes_counted(query, target, matrix, qlen, tlen, gap, t,
                                                                  scaled=scaled)
         return scores, int(log_pairs.item())
+
+
+# Shapes of the gradient by rows' tests ((B, M, N), with per-pair lengths): every case of its kernels.
+ROWS_SHAPES = {
+    "300x256 full": ((40, 300, 256), False),  # 38 bands, every lane full
+    "37x200 lengths": ((60, 37, 200), True),  # columns past the target in a lane (masked)
+    "1x4": ((9, 1, 4), False),
+    "20x8 full": ((9, 20, 8), False),  # 31 lanes past N, on S = 0
+    "70x132 lengths": ((30, 70, 132), True),
+    "17x12": ((25, 17, 12), False),  # N not a multiple of 8: masked
+    "90x254": ((30, 90, 254), False),  # N not a multiple of 4: through the staging row
+    "45x250 lengths": ((50, 45, 250), True),
+    "33x7": ((20, 33, 7), False),
+    "1x1": ((5, 1, 1), False),
+}
 
 
 class CudaEngineCalls:
@@ -412,6 +442,17 @@ class CudaEngineCalls:
         scores, kept, best_row, failed = torch.ops.swcli.forward(S, qlen, tlen, gap, t, True)
         assert failed.item() == 0
         return scores, torch.ops.swcli.backward(grad_out, S, kept, best_row, failed, qlen, tlen, gap, t, True)
+
+    @staticmethod
+    def affine_rows_gradient(S, qlen, tlen, gap_open, gap_extend, t, grad_out):
+        """The same with affine gaps."""
+        from swcli.ops import load_engine
+
+        load_engine("cuda")
+        scores, kept, best_row, failed = torch.ops.swcli.affine_forward(S, qlen, tlen, gap_open, gap_extend, t, True)
+        assert failed.item() == 0
+        return scores, torch.ops.swcli.affine_backward(grad_out, S, kept, best_row, failed, qlen, tlen, gap_open,
+                                                       gap_extend, t, True)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -173,38 +173,6 @@ def test_one_affine_option_takes_blast_default_for_the_matrix(pair_files, capsys
     assert code == 0 and err == "" and alone == both and alone != linear
 
 
-def test_an_engine_without_affine_kernels_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
-    """What --backend cuda says until the CUDA engine registers its affine kernels: the op's ValueError as
-    one swcli: line, exit 1, before any output; here the CPU engine's kernels are made to look missing."""
-    import swcli.ops
-
-    def missing(tensor):
-        raise ValueError("affine gaps (gap_open, gap_extend) have no CUDA kernels yet")
-
-    monkeypatch.setattr(swcli.ops, "_require_affine_kernels", missing)
-    path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAW"), ("b", "MKVIAW")])
-    out_path = tmp_path / "out.tsv"
-    code, out, err = run(["align", path, "--backend", "cpu", "--gap-open", "-12", "-o", str(out_path)], capsys)
-    assert code == 1 and out == "" and not out_path.exists()
-    assert err == ("swcli: error: the cpu backend cannot score affine gaps (--gap-open, --gap-extend): affine gaps "
-                   "(gap_open, gap_extend) have no CUDA kernels yet; use --backend cpu or --backend reference\n")
-    assert run(["align", path, "--backend", "cpu"], capsys)[0] == 0  # linear gaps do not ask
-
-
-def test_backend_cuda_with_affine_gaps_says_so_until_its_kernels_exist(tmp_path, capsys):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    from swcli.ops import load_engine
-
-    load_engine("cuda")
-    if torch._C._dispatch_has_kernel_for_dispatch_key("swcli::affine_scores_codes", "CUDA"):
-        pytest.skip("the CUDA engine has affine kernels")
-    path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAW"), ("b", "MKVIAW")])
-    code, out, err = run(["align", path, "--backend", "cuda", "--gap-open", "-12", "--gap-extend", "-1"], capsys)
-    assert code == 1 and out == "" and err.count("\n") == 1
-    assert err.startswith("swcli: error: the cuda backend cannot score affine gaps") and "Traceback" not in err
-
-
 def test_help_states_the_gap_conventions():
     from typer.testing import CliRunner
 

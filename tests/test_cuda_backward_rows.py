@@ -10,6 +10,7 @@ import torch
 import swcli
 from swcli import ops
 from swcli.testing import (
+    ROWS_SHAPES,
     CudaEngineCalls,
     cuda,
     random_lengths,
@@ -30,23 +31,10 @@ class TestCudaBackwardRows(CudaEngineCalls):
     #    where it is faster (ops.gradient_by_rows): every 8th row kept, the rows between computed again in the
     #    backward. The kernels' tests call the engine, so that narrow shapes go by rows too.
 
-    ROWS_SHAPES = {
-        "300x256 full": ((40, 300, 256), False),  # 38 bands, every lane full
-        "37x200 lengths": ((60, 37, 200), True),  # columns past the target in a lane (masked)
-        "1x4": ((9, 1, 4), False),
-        "20x8 full": ((9, 20, 8), False),  # 31 lanes past N, on S = 0
-        "70x132 lengths": ((30, 70, 132), True),
-        "17x12": ((25, 17, 12), False),  # N not a multiple of 8: masked
-        "90x254": ((30, 90, 254), False),  # N not a multiple of 4: through the staging row
-        "45x250 lengths": ((50, 45, 250), True),
-        "33x7": ((20, 33, 7), False),
-        "1x1": ((5, 1, 1), False),
-    }
-
     @pytest.mark.parametrize("shape", list(ROWS_SHAPES))
     @pytest.mark.parametrize("gap, t", [(-1.0, 1.0), (0.0, 2.0), (-3.0, 0.5)])
     def test_rows_gradient_matches_float64(self, shape, gap, t):
-        (B, M, N), with_lengths = self.ROWS_SHAPES[shape]
+        (B, M, N), with_lengths = ROWS_SHAPES[shape]
         S = random_scores((B, M, N), seed=9990 + M, dtype=torch.float32)
         qlen = random_lengths(B, M, seed=9991) if with_lengths else None
         tlen = random_lengths(B, N, seed=9992) if with_lengths else None

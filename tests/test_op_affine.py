@@ -29,24 +29,12 @@ from swcli.testing import (
     random_scores,
     reference_gradient,
     related_protein_pairs,
-    require_affine_kernels,
     run,
     score_matrices,
     window_mask,
 )
 
 ssw = swcli.soft_smith_waterman
-
-# Parametrised over the devices of swcli.testing: a CUDA case is skipped while the CUDA engine has no affine
-# kernels (require_affine_kernels), and runs, and must pass, once it has them.
-
-
-@pytest.fixture(autouse=True)
-def _affine_kernels(request):
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and "device" in callspec.params:
-        require_affine_kernels(callspec.params["device"])
-
 
 def affine_run(S, gap_open, gap_extend, t, qlen=None, tlen=None):
     return run(S, gap_open, t, qlen, tlen, gap_extend=gap_extend)
@@ -352,7 +340,10 @@ def test_no_grad_gives_the_same_scores(device):
         quiet = affine_run(S, -2.0, -0.5, 1.0)
     tracked = affine_run(S, -2.0, -0.5, 1.0)
     assert quiet.grad_fn is None and tracked.requires_grad
-    assert torch.equal(quiet, tracked.detach())  # both the log-space sweep: the same bits
+    if S.is_cuda:  # the scaled sweep without the gradient, the scaled rows with it: each rounds its own way
+        torch.testing.assert_close(quiet, tracked.detach(), rtol=2e-6, atol=0)
+    else:  # both the log-space sweep: the same bits
+        assert torch.equal(quiet, tracked.detach())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -552,17 +543,27 @@ def affine_operator_cases(device):
     m = torch.randint(-4, 12, (24, 24), generator=g).float().to(device)
     S64 = Sg.detach().double().requires_grad_()
     grad = random_scores((5,), seed=24_204, dtype=torch.float32, device=device)
-    _, state, best = torch.ops.swcli.affine_forward(S, qlen, tlen, -2.0, -0.5, 1.0)
-    _, state0, best0 = torch.ops.swcli.affine_forward(S, None, None, -2.0, -0.5, 0.0)
-    return [
+    _, state, best, failed = torch.ops.swcli.affine_forward(S, qlen, tlen, -2.0, -0.5, 1.0, False)
+    _, state0, best0, failed0 = torch.ops.swcli.affine_forward(S, None, None, -2.0, -0.5, 0.0, False)
+    cases = [
         (torch.ops.swcli.affine_scores.default, (S, qlen, tlen, -4.0, -4.0, 0.0), {}),
         (torch.ops.swcli.affine_scores.default, (S.double(), qlen, None, -2.0, -0.5, 0.5), {}),
         (torch.ops.swcli.affine_scores_codes.default, (q, t, m, None, tlen, -11.0, -1.0, 1.0), {}),
-        (torch.ops.swcli.affine_forward.default, (Sg, None, None, -2.0, -0.5, 1.0), {}),
-        (torch.ops.swcli.affine_forward.default, (S64, qlen, tlen, -1.0, -1.0, 0.0), {}),
-        (torch.ops.swcli.affine_backward.default, (grad, S, state, best, qlen, tlen, -2.0, -0.5, 1.0), {}),
-        (torch.ops.swcli.affine_backward.default, (grad, S, state0, best0, None, None, -2.0, -0.5, 0.0), {}),
+        (torch.ops.swcli.affine_forward.default, (Sg, None, None, -2.0, -0.5, 1.0, False), {}),
+        (torch.ops.swcli.affine_forward.default, (S64, qlen, tlen, -1.0, -1.0, 0.0, False), {}),
+        (torch.ops.swcli.affine_backward.default,
+         (grad, S, state, best, failed, qlen, tlen, -2.0, -0.5, 1.0, False), {}),
+        (torch.ops.swcli.affine_backward.default,
+         (grad, S, state0, best0, failed0, None, None, -2.0, -0.5, 0.0, False), {}),
     ]
+    if device.type == "cuda":  # the gradient by rows, a CUDA scheme
+        _, kept, best_row, failed_rows = torch.ops.swcli.affine_forward(S, qlen, tlen, -2.0, -0.5, 1.0, True)
+        cases += [
+            (torch.ops.swcli.affine_forward.default, (Sg, qlen, tlen, -2.0, -0.5, 1.0, True), {}),
+            (torch.ops.swcli.affine_backward.default,
+             (grad, S, kept, best_row, failed_rows, qlen, tlen, -2.0, -0.5, 1.0, True), {}),
+        ]
+    return cases
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
@@ -630,10 +631,14 @@ def test_cpu_engine_checks_the_gaps_itself():
     with pytest.raises(RuntimeError, match="lane_columns"):
         torch.ops.swcli.affine_scores(S, None, None, -2.0, -0.5, 1.0, lane_columns=4)
     with pytest.raises(RuntimeError, match="query_lengths"):
-        torch.ops.swcli.affine_forward(S, torch.tensor([6, 1]), None, -2.0, -0.5, 1.0)
-    _, state, best = torch.ops.swcli.affine_forward(S, None, None, -2.0, -0.5, 1.0)
+        torch.ops.swcli.affine_forward(S, torch.tensor([6, 1]), None, -2.0, -0.5, 1.0, False)
+    _, state, best, failed = torch.ops.swcli.affine_forward(S, None, None, -2.0, -0.5, 1.0, False)
     with pytest.raises(RuntimeError, match="state does not match"):
-        torch.ops.swcli.affine_backward(torch.ones(2), S, state[:-1], best, None, None, -2.0, -0.5, 1.0)
+        torch.ops.swcli.affine_backward(torch.ones(2), S, state[:-1], best, failed, None, None, -2.0, -0.5, 1.0, False)
+    with pytest.raises(RuntimeError, match="by rows is a CUDA scheme"):
+        torch.ops.swcli.affine_forward(S, None, None, -2.0, -0.5, 1.0, True)
+    with pytest.raises(RuntimeError, match="by rows is a CUDA scheme"):
+        torch.ops.swcli.affine_backward(torch.ones(2), S, state, best, failed, None, None, -2.0, -0.5, 1.0, True)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #     fuzz       benchmarks/fuzz_scaled.py cuda ($FUZZ_CONFIGS configurations, default 120)
 #     log-pairs  benchmarks/log_space_pairs.py: pairs the scaled sweep hands to log space
 #     floor      benchmarks/gradient_floor.py: the memory floor of a recomputing gradient
+#     affine-widths  benchmarks/affine_gradient_widths.py: the affine gradient by rows against the state's path
 #     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family
 #     e2e        swcli align on $E2E_PAIRS (1,000,000) real pairs, then bench's end-to-end rows
 #     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency)
@@ -54,6 +55,8 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
       python3 benchmarks/log_space_pairs.py $FASTA 2>&1 | tee "$OUT/log_pairs.txt" ;;
     floor)
       python3 benchmarks/gradient_floor.py 2>&1 | tee "$OUT/floor.txt" ;;
+    affine-widths)
+      python3 benchmarks/affine_gradient_widths.py 2>&1 | tee "$OUT/affine_widths.txt" ;;
     sanitize)
       # PYTORCH_NO_CUDA_MEMORY_CACHING only for the sanitizer's runs: later stages capture CUDA graphs,
       # which cannot allocate outside the caching allocator
@@ -100,6 +103,12 @@ for B, M, N in [(5, 37, 70), (1100, 9, 300), (3, 1, 1)]:
     for temp in (0.0, 1.0, 0.05):
         swcli.soft_smith_waterman(S, None, temp, q, tl, gap_open=-3.0, gap_extend=-0.5).sum().backward()
         swcli.soft_smith_waterman(S.detach(), None, temp, q, tl, gap_open=-3.0, gap_extend=-0.5)
+# the affine gradient by rows: full rows over 38 bands, masked lanes with lengths, unaligned rows of 250
+for B, M, N, lengths in ((64, 300, 256, False), (200, 30, 200, True), (40, 90, 250, False)):
+    S = torch.randn(B, M, N, generator=g).cuda().requires_grad_()
+    q = torch.randint(0, M + 1, (B,), generator=g).cuda() if lengths else None
+    tl = torch.randint(0, N + 1, (B,), generator=g).cuda() if lengths else None
+    swcli.soft_smith_waterman(S, None, 1.0, q, tl, gap_open=-3.0, gap_extend=-0.5).sum().backward()
 for temp in (0.0, 1.0):
     for lanes in (1, 4, 8):
         torch.ops.swcli.affine_scores_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), qlen.cuda(), tlen.cuda(),

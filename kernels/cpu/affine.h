@@ -41,10 +41,19 @@ template <typename T, typename Source>
 void affine_forward(const Problem& pr, const Source& prototype, AffineGaps<T> gaps, T temperature, T* scores,
                     const AffineTables<T>* tables);
 
+// What flowed along the gap edges of a pair: d score / d gap_open (the expected number of gap openings)
+// and d score / d gap_extend (of extensions), each times the incoming gradient.
+template <typename T>
+struct AffineGapFlow {
+  T open = T(0), extend = T(0);
+};
+
 // grad_S (B, M, N), zero on entry, gets grad[b] * d score[b] / d S[b] for every pair with grad[b] != 0,
-// from the forward's tables. Instantiated in affine_backward.cpp for float and double.
+// from the forward's tables; with grad_gaps (B,), zero on entry (else null), also what flowed along the
+// gap edges. Instantiated in affine_backward.cpp for float and double.
 template <typename T>
 void affine_backward(const Problem& pr, const DenseSource<T>& S, const AffineTables<const T>& tables,
-                     const T* grad, AffineGaps<T> gaps, T temperature, T* grad_S);
+                     const T* grad, AffineGaps<T> gaps, T temperature, T* grad_S,
+                     AffineGapFlow<T>* grad_gaps = nullptr);
 
 }  // namespace swcli_cpu

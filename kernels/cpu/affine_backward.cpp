@@ -18,6 +18,11 @@
 //     E_M[i][j] = E_H[i][j] w(M -> H) + E_Y[i+1][j] w(M -> Y below) + E_X[i][j+1] w(M -> X right)
 //
 // A state whose E is 0 passes nothing on, whatever its weights (a NaN among them included).
+//
+// The gap scores' gradients (on request): a gap state's terms hold o once (start, M, the other gap) or e
+// once (itself), and their weights sum to 1, so d score / d e is the adjoint that flows along extension
+// edges, E_X[i][j+1] w(X -> X right) + E_Y[i+1][j] w(Y -> Y below) summed over the cells, and
+// d score / d o is all that enters the gap states, the sum of E_X + E_Y, less that.
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -52,8 +57,8 @@ PairTables<T> pair_tables(const Problem& pr, const AffineTables<const T>& tables
 }
 
 template <typename T>
-void affine_pair_hard(const Problem& pr, const DenseSource<T>& S, const AffineTables<const T>& tables, int64_t b,
-                      T grad, AffineGaps<T> gaps, T* grad_S) {
+AffineGapFlow<T> affine_pair_hard(const Problem& pr, const DenseSource<T>& S, const AffineTables<const T>& tables,
+                                  int64_t b, T grad, AffineGaps<T> gaps, T* grad_S) {
   const PairGradient<T> p(pr, S, tables.H, grad_S, b);
   const PairTables<T> tb = pair_tables(pr, tables, b);
   const T o = gaps.open, e = gaps.extend;
@@ -69,6 +74,7 @@ void affine_pair_hard(const Problem& pr, const DenseSource<T>& S, const AffineTa
   };
   enum State { kH, kX, kY };
   State state = kH;
+  AffineGapFlow<T> flow;  // the walk's gap openings and extensions, each worth grad
   int64_t i = p.bi, j = p.bj;
   while (i >= 1 && j >= 1) {
     if (state == kH) {
@@ -85,32 +91,39 @@ void affine_pair_hard(const Problem& pr, const DenseSource<T>& S, const AffineTa
       }
     } else if (state == kX) {  // from column j-1
       const T x = tb.x(i, j);
-      if (x == o) break;
+      if (x == o) {
+        flow.open += grad;
+        break;
+      }
       if (match(i, j - 1) + o == x) {  // the match state at (i, j-1), then H above-left of it
-        --j, state = kH;
+        --j, state = kH, flow.open += grad;
         take_match(i, j);
       } else if (tb.y(i, j - 1) + o == x) {
-        --j, state = kY;
+        --j, state = kY, flow.open += grad;
       } else if (tb.x(i, j - 1) + e == x) {
-        --j;
+        --j, flow.extend += grad;
       } else {
         break;
       }
     } else {  // Y, from row i-1
       const T y = tb.y(i, j);
-      if (y == o) break;
+      if (y == o) {
+        flow.open += grad;
+        break;
+      }
       if (match(i - 1, j) + o == y) {
-        --i, state = kH;
+        --i, state = kH, flow.open += grad;
         take_match(i, j);
       } else if (tb.y(i - 1, j) + e == y) {
-        --i;
+        --i, flow.extend += grad;
       } else if (tb.x(i - 1, j) + o == y) {
-        --i, state = kX;
+        --i, state = kX, flow.open += grad;
       } else {
         break;
       }
     }
   }
+  return flow;
 }
 
 // Per-thread rows of the soft sweep, each padded past the best cell's column by a vector and a column.
@@ -132,15 +145,17 @@ struct AffineRows {
 };
 
 template <typename T>
-void affine_pair_soft(const Problem& pr, const DenseSource<T>& S, const AffineTables<const T>& tables, int64_t b,
-                      T grad, AffineGaps<T> gaps, T temperature, T* grad_S, AffineRows<T>& rows) {
+AffineGapFlow<T> affine_pair_soft(const Problem& pr, const DenseSource<T>& S, const AffineTables<const T>& tables,
+                                  int64_t b, T grad, AffineGaps<T> gaps, T temperature, T* grad_S,
+                                  AffineRows<T>& rows, bool count_gaps) {
   using V = typename Lanes<T>::V;
   using R = AffineRows<T>;
   constexpr int L = Lanes<T>::L;
   const PairGradient<T> p(pr, S, tables.H, grad_S, b);
   const int64_t bi = p.bi, bj = p.bj, n = p.n;
-  if (bi == 0 || bj == 0) return;  // the zero border: nothing flows into S
+  if (bi == 0 || bj == 0) return {};  // the zero border: nothing flows into S
   const PairTables<T> tb = pair_tables(pr, tables, b);
+  T into_gaps = T(0), extended = T(0);  // with count_gaps: the sums of E_X + E_Y and of the extension flows
   const T log2e_t = static_cast<T>(log2e_over<T>(temperature));
   rows.resize(bj);
   const int64_t padded = (bj + L - 1) / L * L;  // columns 1 .. padded, whole vectors
@@ -201,30 +216,38 @@ void affine_pair_soft(const Problem& pr, const DenseSource<T>& S, const AffineTa
     for (int64_t j = bj + 1; j <= padded + 1; ++j) e_y[j] = e_m[j] = T(0);
     T* G = p.G + (i - 1) * pr.N - 1;  // G[j] is d score / d S[i-1][j-1]
     for (int64_t j = 1; j <= bj; ++j) G[j] = e_m[j];
+    if (count_gaps) {
+      for (int64_t j = 1; j <= bj; ++j) {
+        into_gaps += e_x[j] + e_y[j];
+        extended += flow(e_x[j + 1], w_xx[j]) + flow(e_y_below[j], w_yy[j]);
+      }
+    }
     std::swap(e_y, e_y_below), std::swap(e_m, e_m_below);
   }
+  return {into_gaps - extended, extended};
 }
 
 }  // namespace
 
 template <typename T>
 void affine_backward(const Problem& pr, const DenseSource<T>& S, const AffineTables<const T>& tables,
-                     const T* grad, AffineGaps<T> gaps, T temperature, T* grad_S) {
+                     const T* grad, AffineGaps<T> gaps, T temperature, T* grad_S, AffineGapFlow<T>* grad_gaps) {
   at::parallel_for(0, pr.B, 1, [&](int64_t begin, int64_t end) {
     AffineRows<T> rows;
     for (int64_t b = begin; b < end; ++b) {
       if (grad[b] == T(0)) continue;
-      if (temperature == T(0))
-        affine_pair_hard<T>(pr, S, tables, b, grad[b], gaps, grad_S);
-      else
-        affine_pair_soft<T>(pr, S, tables, b, grad[b], gaps, temperature, grad_S, rows);
+      const AffineGapFlow<T> flow =
+          temperature == T(0)
+              ? affine_pair_hard<T>(pr, S, tables, b, grad[b], gaps, grad_S)
+              : affine_pair_soft<T>(pr, S, tables, b, grad[b], gaps, temperature, grad_S, rows, grad_gaps != nullptr);
+      if (grad_gaps != nullptr) grad_gaps[b] = flow;
     }
   });
 }
 
 template void affine_backward<float>(const Problem&, const DenseSource<float>&, const AffineTables<const float>&,
-                                     const float*, AffineGaps<float>, float, float*);
+                                     const float*, AffineGaps<float>, float, float*, AffineGapFlow<float>*);
 template void affine_backward<double>(const Problem&, const DenseSource<double>&, const AffineTables<const double>&,
-                                      const double*, AffineGaps<double>, double, double*);
+                                      const double*, AffineGaps<double>, double, double*, AffineGapFlow<double>*);
 
 }  // namespace swcli_cpu

@@ -29,16 +29,17 @@ struct BackwardRows {
 
 // The reverse sweep at t = 0: E[i][j] = d score / d H[i][j] is 0 but on the best alignment, so each cell
 // with E pushes it to the one term that was maximal, the first in the reference's order (zero, match,
-// delete, insert), and every other cell is skipped.
+// delete, insert), and every other cell is skipped. Returns what flowed along gap edges (d score / d gap).
 template <typename T>
-void backward_pair_hard(const Problem& pr, const DenseSource<T>& S, const T* H, int64_t b, T grad, T gap,
-                        T* grad_S, std::vector<T>& E) {
+T backward_pair_hard(const Problem& pr, const DenseSource<T>& S, const T* H, int64_t b, T grad, T gap,
+                     T* grad_S, std::vector<T>& E) {
   const PairGradient<T> p(pr, S, H, grad_S, b);
   const int64_t q = p.q, n = p.n, ld = p.ld, bi = p.bi, bj = p.bj;
   const T *Hb = p.H, *Sb = p.S;
   T* Gb = p.G;
   E.assign((q + 1) * (n + 1), T(0));
   E[bi * (n + 1) + bj] = grad;
+  T through_gaps = T(0);
   for (int64_t i = bi; i >= 1; --i) {
     for (int64_t j = bj; j >= 1; --j) {  // nothing flows to larger i or j
       const T e = E[i * (n + 1) + j];
@@ -56,8 +57,10 @@ void backward_pair_hard(const Problem& pr, const DenseSource<T>& S, const T* H, 
       E[(i - 1) * (n + 1) + j - 1] += e * w1;
       E[(i - 1) * (n + 1) + j] += e * w2;
       E[i * (n + 1) + j - 1] += e * w3;
+      through_gaps += e * (w2 + w3);
     }
   }
+  return through_gaps;
 }
 
 // The reverse sweep at t > 0: E[i][j] = d score / d H[i][j]; each cell hands E on to the cells it was
@@ -70,18 +73,21 @@ void backward_pair_hard(const Problem& pr, const DenseSource<T>& S, const T* H, 
 // exponentials of a cell dominate the cost); what is left along the row is one multiply-add a cell, the
 // one serial chain. A cell whose E is 0 passes nothing on, whatever its weights (a NaN among them
 // included), and the sums are added in the order in which a cell-by-cell push would add them.
+// With count_gaps it returns d score / d gap, the sum over cells of E (w_delete + w_insert): each gap
+// term holds the gap once (0 without count_gaps: the plain gradient pays nothing for it).
 template <typename T>
-void backward_pair_soft(const Problem& pr, const DenseSource<T>& S, const T* H, int64_t b, T grad, T gap,
-                        T temperature, T* grad_S, BackwardRows<T>& rows) {
+T backward_pair_soft(const Problem& pr, const DenseSource<T>& S, const T* H, int64_t b, T grad, T gap,
+                     T temperature, T* grad_S, BackwardRows<T>& rows, bool count_gaps) {
   using V = typename Lanes<T>::V;
   constexpr int L = Lanes<T>::L;
   const PairGradient<T> p(pr, S, H, grad_S, b);
   const int64_t ld = p.ld, bi = p.bi, bj = p.bj;
   const T *Hb = p.H, *Sb = p.S;
   T* Gb = p.G;
-  if (bi == 0 || bj == 0) return;  // the zero border: nothing flows into S
+  if (bi == 0 || bj == 0) return T(0);  // the zero border: nothing flows into S
   const T log2e_t = static_cast<T>(log2e_over<T>(temperature));
   rows.resize(bj);
+  T through_gaps = T(0);
   T *w1 = rows.w1.data(), *w2 = rows.w2.data(), *w3 = rows.w3.data(), *s = rows.scores.data();
   T *w1_below = rows.w1_below.data(), *w2_below = rows.w2_below.data();
   T *e = rows.e.data(), *e_below = rows.e_below.data();  // rows below the best cell's: E = 0
@@ -131,33 +137,37 @@ void backward_pair_soft(const Problem& pr, const DenseSource<T>& S, const T* H, 
     }
     T* G = Gb + (i - 1) * pr.N - 1;  // G[j] is d score / d S[i-1][j-1]
     for (int64_t j = 1; j <= bj; ++j) G[j] = e[j] != T(0) ? e[j] * w1[j] : T(0);
+    if (count_gaps)
+      for (int64_t j = 1; j <= bj; ++j) through_gaps += e[j] != T(0) ? e[j] * (w2[j] + w3[j]) : T(0);
     std::swap(rows.e, rows.e_below), std::swap(rows.w1, rows.w1_below), std::swap(rows.w2, rows.w2_below);
     w1 = rows.w1.data(), w2 = rows.w2.data(), e = rows.e.data();
     w1_below = rows.w1_below.data(), w2_below = rows.w2_below.data(), e_below = rows.e_below.data();
   }
+  return through_gaps;
 }
 
 }  // namespace
 
 template <typename T>
 void backward(const Problem& pr, const DenseSource<T>& S, const T* H, const T* grad, T gap, T temperature,
-              T* grad_S) {
+              T* grad_S, T* grad_gap) {
   at::parallel_for(0, pr.B, 1, [&](int64_t begin, int64_t end) {
     BackwardRows<T> buffers;
     std::vector<T> E;
     for (int64_t b = begin; b < end; ++b) {
       if (grad[b] == T(0)) continue;
-      if (temperature == T(0))
-        backward_pair_hard<T>(pr, S, H, b, grad[b], gap, grad_S, E);
-      else
-        backward_pair_soft<T>(pr, S, H, b, grad[b], gap, temperature, grad_S, buffers);
+      const T through_gaps =
+          temperature == T(0)
+              ? backward_pair_hard<T>(pr, S, H, b, grad[b], gap, grad_S, E)
+              : backward_pair_soft<T>(pr, S, H, b, grad[b], gap, temperature, grad_S, buffers, grad_gap != nullptr);
+      if (grad_gap != nullptr) grad_gap[b] = through_gaps;
     }
   });
 }
 
 template void backward<float>(const Problem&, const DenseSource<float>&, const float*, const float*, float, float,
-                              float*);
+                              float*, float*);
 template void backward<double>(const Problem&, const DenseSource<double>&, const double*, const double*, double,
-                               double, double*);
+                               double, double*, double*);
 
 }  // namespace swcli_cpu

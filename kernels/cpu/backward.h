@@ -32,9 +32,12 @@ struct PairGradient {
 };
 
 // grad_S (B, M, N), zero on entry, gets grad[b] * d score[b] / d S[b] for every pair with grad[b] != 0.
-// H is the forward's table (B, M+1, N+1), contiguous. Instantiated in backward.cpp for float and double.
+// H is the forward's table (B, M+1, N+1), contiguous. With grad_gap (B,), zero on entry (else null), it
+// also gets grad[b] * d score[b] / d gap: the adjoint that flows along the gap edges, which is the
+// expected number of gap positions of the soft alignment (of the best alignment at t = 0). Instantiated
+// in backward.cpp for float and double.
 template <typename T>
 void backward(const Problem& pr, const DenseSource<T>& S, const T* H, const T* grad, T gap, T temperature,
-              T* grad_S);
+              T* grad_S, T* grad_gap = nullptr);
 
 }  // namespace swcli_cpu

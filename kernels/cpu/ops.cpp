@@ -8,6 +8,7 @@
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -224,15 +225,12 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
   return scores;
 }
 
-// grad_S (B, M, N) from forward_cpu's state (the DP table, flattened); best and failed are the CUDA
-// engine's and unused here.
-at::Tensor backward_cpu(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
-                        const at::Tensor& /*best*/, const at::Tensor& /*failed*/,
-                        const std::optional<at::Tensor>& query_lengths,
-                        const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
-                        bool by_rows, int64_t lane_columns) {
-  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
-  check_lane_columns(lane_columns);
+// grad_S (B, M, N) from forward_cpu's state (the DP table, flattened), and with grad_gap (B,) (else
+// null) grad_scores[b] * d score[b] / d gap as well.
+at::Tensor dense_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                          const std::optional<at::Tensor>& query_lengths,
+                          const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
+                          at::Tensor* grad_gap) {
   check_scores(S);
   check_temperature(temperature);
   const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
@@ -248,11 +246,24 @@ at::Tensor backward_cpu(const at::Tensor& grad_scores, const at::Tensor& S, cons
   const at::Tensor dp = state.contiguous().view({B, M + 1, N + 1});
   const at::Tensor grad = grad_scores.to(S.scalar_type()).contiguous();
   at::Tensor grad_S = at::zeros({B, M, N}, S.options());
+  if (grad_gap != nullptr) *grad_gap = at::zeros({B}, S.options());
   AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "swcli_cpu_backward", [&] {
     backward<scalar_t>(pr, dense_source<scalar_t>(S, tlen), dp.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(),
-                       static_cast<scalar_t>(gap), static_cast<scalar_t>(temperature), grad_S.data_ptr<scalar_t>());
+                       static_cast<scalar_t>(gap), static_cast<scalar_t>(temperature), grad_S.data_ptr<scalar_t>(),
+                       grad_gap != nullptr ? grad_gap->data_ptr<scalar_t>() : nullptr);
   });
   return grad_S;
+}
+
+// grad_S (B, M, N) from forward_cpu's state; best and failed are the CUDA engine's and unused here.
+at::Tensor backward_cpu(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                        const at::Tensor& /*best*/, const at::Tensor& /*failed*/,
+                        const std::optional<at::Tensor>& query_lengths,
+                        const std::optional<at::Tensor>& target_lengths, double gap, double temperature,
+                        bool by_rows, int64_t lane_columns) {
+  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
+  check_lane_columns(lane_columns);
+  return dense_backward(grad_scores, S, state, query_lengths, target_lengths, gap, temperature, nullptr);
 }
 
 // The registered scores and scores_codes (no counter) and their counted variants, which return the
@@ -345,17 +356,19 @@ at::Tensor op_affine_scores(const at::Tensor& S, const std::optional<at::Tensor>
                                           lane_columns, false));
 }
 
-// (scores, state, best): best is the CUDA engine's record of each pair's best cell; the CPU backward
-// finds that cell again in H (the first maximal cell in row-major order), so here it is -1 everywhere.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> op_affine_forward(const at::Tensor& S,
-                                                                 const std::optional<at::Tensor>& query_lengths,
-                                                                 const std::optional<at::Tensor>& target_lengths,
-                                                                 double gap_open, double gap_extend,
-                                                                 double temperature, int64_t lane_columns) {
+// (scores, state, best, failed) as the CUDA engine returns them: best is its record of each pair's best
+// cell; the CPU backward finds that cell again in H (the first maximal cell in row-major order), so here
+// it is -1 everywhere, and failed is 0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> op_affine_forward(
+    const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
+    const std::optional<at::Tensor>& target_lengths, double gap_open, double gap_extend, double temperature,
+    bool by_rows, int64_t lane_columns) {
+  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
   auto [scores, state] = affine_dense_forward(S, query_lengths, target_lengths, gap_open, gap_extend, temperature,
                                               lane_columns, true);
   at::Tensor best = at::full({S.size(0)}, -1, at::TensorOptions().dtype(at::kLong));
-  return {scores, state, best};
+  at::Tensor failed = at::zeros({1}, at::TensorOptions().dtype(at::kInt));
+  return {scores, state, best, failed};
 }
 
 // Scores (B,) float32 of code pairs with affine gaps.
@@ -374,12 +387,12 @@ at::Tensor op_affine_scores_codes(const at::Tensor& query, const at::Tensor& tar
   return scores;
 }
 
-// grad_S (B, M, N) from op_affine_forward's state; best is the CUDA engine's and unused here.
-at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
-                              const at::Tensor& /*best*/, const std::optional<at::Tensor>& query_lengths,
-                              const std::optional<at::Tensor>& target_lengths, double gap_open, double gap_extend,
-                              double temperature, int64_t lane_columns) {
-  check_lane_columns(lane_columns);
+// grad_S (B, M, N) from op_affine_forward's state, and with grad_open and grad_extend (B,) (else null)
+// grad_scores[b] times d score[b] / d gap_open and d gap_extend as well.
+at::Tensor affine_dense_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                                 const std::optional<at::Tensor>& query_lengths,
+                                 const std::optional<at::Tensor>& target_lengths, double gap_open, double gap_extend,
+                                 double temperature, at::Tensor* grad_open, at::Tensor* grad_extend) {
   check_scores(S);
   check_temperature(temperature);
   check_affine_gaps(gap_open, gap_extend);
@@ -396,15 +409,197 @@ at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S
   const at::Tensor tables = state.contiguous();
   const at::Tensor grad = grad_scores.to(S.scalar_type()).contiguous();
   at::Tensor grad_S = at::zeros({B, M, N}, S.options());
+  const bool count_gaps = grad_open != nullptr && grad_extend != nullptr;
   AT_DISPATCH_FLOATING_TYPES(S.scalar_type(), "swcli_cpu_affine_backward", [&] {
+    std::vector<AffineGapFlow<scalar_t>> flows(count_gaps ? B : 0);
     const scalar_t* base = tables.data_ptr<scalar_t>();
     affine_backward<scalar_t>(pr, dense_source<scalar_t>(S, tlen),
                               AffineTables<const scalar_t>{base, base + cells, base + 2 * cells},
                               grad.data_ptr<scalar_t>(),
                               AffineGaps<scalar_t>{static_cast<scalar_t>(gap_open), static_cast<scalar_t>(gap_extend)},
-                              static_cast<scalar_t>(temperature), grad_S.data_ptr<scalar_t>());
+                              static_cast<scalar_t>(temperature), grad_S.data_ptr<scalar_t>(),
+                              count_gaps ? flows.data() : nullptr);
+    if (count_gaps) {
+      *grad_open = at::empty({B}, S.options());
+      *grad_extend = at::empty({B}, S.options());
+      for (int64_t b = 0; b < B; ++b) {
+        grad_open->data_ptr<scalar_t>()[b] = flows[b].open;
+        grad_extend->data_ptr<scalar_t>()[b] = flows[b].extend;
+      }
+    }
   });
   return grad_S;
+}
+
+// grad_S (B, M, N) from op_affine_forward's state; best and failed are the CUDA engine's and unused here.
+at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                              const at::Tensor& /*best*/, const at::Tensor& /*failed*/,
+                              const std::optional<at::Tensor>& query_lengths,
+                              const std::optional<at::Tensor>& target_lengths, double gap_open, double gap_extend,
+                              double temperature, bool by_rows, int64_t lane_columns) {
+  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
+  check_lane_columns(lane_columns);
+  return affine_dense_backward(grad_scores, S, state, query_lengths, target_lengths, gap_open, gap_extend,
+                               temperature, nullptr, nullptr);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Per-pair gaps and temperatures (tensors, for model builders who learn them), and the posterior.
+//
+// The sweeps take one gap and one temperature for the whole batch (a register splat across lanes that
+// align different pairs), so a batch is scored in groups of pairs that share their (gaps, temperature)
+// values: one group, at the sweeps' full speed, when the values are one number expanded to (B,); a pair
+// alone in its group when every value differs (one lane of a worker: slower, documented).
+//
+// The posterior ops run the forward that keeps the tables and, at once, the backward from a gradient of
+// 1 per pair: d score[b] / d S[b] (the soft alignment) and d score[b] / d gaps (the expected gap counts).
+// The autograd formula then only scales them by the incoming gradient (swcli/ops.py), and
+// d score / d temperature follows from them (the score is homogeneous of degree 1).
+
+// The (B,) values of a per-pair tensor as doubles, checked: a floating CPU tensor of shape (B,) whose
+// values are finite, and at most `high` (gaps of the affine op: 0) and at least 0 (temperature).
+at::Tensor per_pair_values(const at::Tensor& given, int64_t B, const std::string& name, bool nonnegative,
+                           bool nonpositive) {
+  TORCH_CHECK(given.device().is_cpu() && at::isFloatingType(given.scalar_type()) && given.dim() == 1 &&
+                  given.size(0) == B,
+              name + " must be a floating-point CPU tensor of shape (" + std::to_string(B) + ",), one per pair");
+  at::Tensor values = given.to(at::kDouble).contiguous();
+  const double* v = values.data_ptr<double>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(std::isfinite(v[b]) && !(nonnegative && v[b] < 0) && !(nonpositive && v[b] > 0),
+                name + "[" + std::to_string(b) + "] must be a finite number" + (nonnegative ? " >= 0" : "") +
+                    (nonpositive ? " <= 0" : "") + ", got " + number(v[b]));
+  }
+  return values;
+}
+
+// The pairs grouped by equal rows of `keys` (B, K doubles): each group's pair indices, in batch order.
+std::vector<std::vector<int64_t>> groups_of_equal_keys(const at::Tensor& keys) {
+  const int64_t B = keys.size(0), K = keys.size(1);
+  const double* k = keys.data_ptr<double>();
+  std::vector<int64_t> order(B);
+  for (int64_t b = 0; b < B; ++b) order[b] = b;
+  auto less = [&](int64_t a, int64_t b) {
+    return std::lexicographical_compare(k + a * K, k + (a + 1) * K, k + b * K, k + (b + 1) * K);
+  };
+  std::stable_sort(order.begin(), order.end(), less);
+  std::vector<std::vector<int64_t>> groups;
+  for (int64_t n = 0; n < B; ++n) {
+    if (n == 0 || less(order[n - 1], order[n])) groups.emplace_back();
+    groups.back().push_back(order[n]);
+  }
+  return groups;
+}
+
+// run(S, qlen, tlen, key) -> outputs, whose first dimension is the pair, for each group of pairs with equal
+// keys (a row of `keys` holds the values run reads); the outputs of the groups put back in batch order.
+// One group runs on the tensors as given, without a copy.
+template <typename Run>
+std::vector<at::Tensor> by_groups(const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
+                                  const std::optional<at::Tensor>& target_lengths, const at::Tensor& keys, Run run) {
+  const std::vector<std::vector<int64_t>> groups = groups_of_equal_keys(keys);
+  const double* k = keys.data_ptr<double>();
+  const int64_t K = keys.size(1);
+  if (groups.size() <= 1) {  // an empty batch reads no key
+    const double* first = groups.empty() ? nullptr : k + groups[0][0] * K;
+    return run(S, query_lengths, target_lengths,
+               first ? std::vector<double>(first, first + K) : std::vector<double>(K, 0.0));
+  }
+  std::vector<at::Tensor> outputs;
+  for (const std::vector<int64_t>& group : groups) {
+    const at::Tensor index = at::tensor(group, at::TensorOptions().dtype(at::kLong));
+    auto select = [&](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
+      if (!t.has_value()) return std::nullopt;
+      return t->index_select(0, index);
+    };
+    const std::vector<double> key(k + group[0] * K, k + (group[0] + 1) * K);
+    const std::vector<at::Tensor> part = run(S.index_select(0, index), select(query_lengths),
+                                             select(target_lengths), key);
+    if (outputs.empty()) {
+      for (const at::Tensor& t : part) {
+        std::vector<int64_t> shape = t.sizes().vec();
+        shape[0] = S.size(0);
+        outputs.push_back(at::zeros(shape, t.options()));
+      }
+    }
+    for (size_t o = 0; o < part.size(); ++o) outputs[o].index_copy_(0, index, part[o]);
+  }
+  return outputs;
+}
+
+// The keys of the linear per-pair ops, (gap, temperature) per pair.
+at::Tensor linear_keys(const at::Tensor& S, const at::Tensor& gap, const at::Tensor& temperature) {
+  check_scores(S);
+  const int64_t B = S.size(0);
+  return at::stack({per_pair_values(gap, B, "gap", false, false),
+                    per_pair_values(temperature, B, "temperature", true, false)}, 1);
+}
+
+at::Tensor affine_keys(const at::Tensor& S, const at::Tensor& gap_open, const at::Tensor& gap_extend,
+                       const at::Tensor& temperature) {
+  check_scores(S);
+  const int64_t B = S.size(0);
+  at::Tensor keys = at::stack({per_pair_values(gap_open, B, "gap_open", false, true),
+                               per_pair_values(gap_extend, B, "gap_extend", false, true),
+                               per_pair_values(temperature, B, "temperature", true, false)}, 1);
+  const double* k = keys.data_ptr<double>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(k[3 * b] <= k[3 * b + 1], "gap_open[" + std::to_string(b) + "] must be <= gap_extend[" +
+                                              std::to_string(b) + "], got " + number(k[3 * b]) + " > " +
+                                              number(k[3 * b + 1]));
+  }
+  return keys;
+}
+
+using Lengths = std::optional<at::Tensor>;
+
+at::Tensor op_scores_per_pair(const at::Tensor& S, const Lengths& query_lengths, const Lengths& target_lengths,
+                              const at::Tensor& gap, const at::Tensor& temperature) {
+  return by_groups(S, query_lengths, target_lengths, linear_keys(S, gap, temperature),
+                   [](const at::Tensor& s, const Lengths& q, const Lengths& t, const std::vector<double>& key) {
+                     return std::vector<at::Tensor>{scores_cpu(s, q, t, key[0], key[1], 0, true, std::nullopt)};
+                   })[0];
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> op_posterior_per_pair(const at::Tensor& S, const Lengths& query_lengths,
+                                                                     const Lengths& target_lengths,
+                                                                     const at::Tensor& gap,
+                                                                     const at::Tensor& temperature) {
+  auto out = by_groups(
+      S, query_lengths, target_lengths, linear_keys(S, gap, temperature),
+      [](const at::Tensor& s, const Lengths& q, const Lengths& t, const std::vector<double>& key) {
+        auto [scores, dp] = dense_forward(s, q, t, key[0], key[1], 0, true, true, std::nullopt);
+        at::Tensor gap_count;
+        at::Tensor posterior = dense_backward(at::ones({s.size(0)}, s.options()), s, dp, q, t, key[0], key[1],
+                                              &gap_count);
+        return std::vector<at::Tensor>{scores, posterior, gap_count};
+      });
+  return {out[0], out[1], out[2]};
+}
+
+at::Tensor op_affine_scores_per_pair(const at::Tensor& S, const Lengths& query_lengths, const Lengths& target_lengths,
+                                     const at::Tensor& gap_open, const at::Tensor& gap_extend,
+                                     const at::Tensor& temperature) {
+  return by_groups(S, query_lengths, target_lengths, affine_keys(S, gap_open, gap_extend, temperature),
+                   [](const at::Tensor& s, const Lengths& q, const Lengths& t, const std::vector<double>& key) {
+                     return std::vector<at::Tensor>{
+                         std::get<0>(affine_dense_forward(s, q, t, key[0], key[1], key[2], 0, false))};
+                   })[0];
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> op_affine_posterior_per_pair(
+    const at::Tensor& S, const Lengths& query_lengths, const Lengths& target_lengths, const at::Tensor& gap_open,
+    const at::Tensor& gap_extend, const at::Tensor& temperature) {
+  auto out = by_groups(
+      S, query_lengths, target_lengths, affine_keys(S, gap_open, gap_extend, temperature),
+      [](const at::Tensor& s, const Lengths& q, const Lengths& t, const std::vector<double>& key) {
+        auto [scores, state] = affine_dense_forward(s, q, t, key[0], key[1], key[2], 0, true);
+        at::Tensor open_count, extend_count;
+        at::Tensor posterior = affine_dense_backward(at::ones({s.size(0)}, s.options()), s, state, q, t, key[0],
+                                                     key[1], key[2], &open_count, &extend_count);
+        return std::vector<at::Tensor>{scores, posterior, open_count, extend_count};
+      });
+  return {out[0], out[1], out[2], out[3]};
 }
 
 }  // namespace
@@ -421,4 +616,8 @@ TORCH_LIBRARY_IMPL(swcli, CPU, m) {
   m.impl("affine_scores_codes", &swcli_cpu::op_affine_scores_codes);
   m.impl("affine_forward", &swcli_cpu::op_affine_forward);
   m.impl("affine_backward", &swcli_cpu::op_affine_backward);
+  m.impl("scores_per_pair", &swcli_cpu::op_scores_per_pair);
+  m.impl("posterior_per_pair", &swcli_cpu::op_posterior_per_pair);
+  m.impl("affine_scores_per_pair", &swcli_cpu::op_affine_scores_per_pair);
+  m.impl("affine_posterior_per_pair", &swcli_cpu::op_affine_posterior_per_pair);
 }

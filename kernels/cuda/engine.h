@@ -117,5 +117,39 @@ cudaError_t sw_cuda_affine_backward_f32(const Problem& pr, const float* grad_sco
 cudaError_t sw_cuda_affine_backward_f64(const Problem& pr, const double* grad_scores, const double* state,
                                         const int64_t* best_at, double* grad_S, double* boundary, double gap_open,
                                         double gap_extend, double t, int lane_columns, cudaStream_t stream);
+// The affine gradient by rows, as the linear one (float, t > 0 in the shared form: |gap_open| log2(e) / t <=
+// 100, N <= sw_cuda_rows_width()): a kept row holds H and Y, sw_cuda_affine_rows_kept_floats(M) floats per
+// pair; *failed counts the pairs scored in log space instead (with boundary (B, M, 2) where N exceeds
+// sw_cuda_tile_columns(4)), whose gradient needs the state's path.
+bool sw_cuda_affine_shared_form(double gap_open, double t);
+int64_t sw_cuda_affine_rows_kept_floats(int64_t M);
+cudaError_t sw_cuda_affine_rows_forward(const Problem& pr, const float* S, float* scores, int64_t* best_row,
+                                        float* kept, float* boundary, int* failed, double gap_open,
+                                        double gap_extend, double t, cudaStream_t stream);
+cudaError_t sw_cuda_affine_rows_backward(const Problem& pr, const float* grad_scores, const float* S,
+                                         const float* kept, const int64_t* best_row, float* grad_S, double gap_open,
+                                         double gap_extend, double t, cudaStream_t stream);
+// Exact scores of one query against many targets at t = 0 with an integer matrix and integer gaps, in
+// 16-bit lanes with DPX instructions (search_s16.cu): query (M,) codes below K, targets (B, N) padded
+// codes with lengths tlen (B,) int64, table (K, K+1, K+1) 32-bit entries (S[q][a], S[q][b]) as int16
+// halves (low: a), letter K the padding's score (<= 0). gap_open == gap_extend: linear gaps; else affine,
+// gap_open <= gap_extend <= 0. scores (B,) int32: the score, or -1 where a cell reached `limit` (32767 -
+// the largest score: int16 could not hold the pair), such pairs counted in *overflows (zeroed by the
+// caller). boundary: (B + 1) / 2 * M pairs of 32-bit values where N exceeds
+// sw_cuda_search_s16_columns(N), else null.
+struct SearchS16Call {
+  const uint8_t* query;
+  int M;
+  const uint8_t* target;
+  int64_t N, B;
+  const int64_t* tlen;
+  const unsigned* table;
+  int K, gap_open, gap_extend, limit;
+  int* scores;
+  void* boundary;
+  int* overflows;
+};
+int sw_cuda_search_s16_columns(int64_t N);
+cudaError_t sw_cuda_search_s16(const SearchS16Call& call, cudaStream_t stream);
 // An empty kernel: the launch-overhead yardstick of `swcli bench`.
 cudaError_t sw_cuda_empty(cudaStream_t stream);

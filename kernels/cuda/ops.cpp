@@ -463,17 +463,97 @@ at::Tensor op_affine_scores(const at::Tensor& S, const std::optional<at::Tensor>
   return affine_dense_forward(S, qlen, tlen, gap_open, gap_extend, temperature, lane_columns, false)[0];
 }
 
-// (scores, state, best): the state is M, X and Y of every cell in the kernels' wavefront order (its size
-// depends on the columns per lane: only the engine reads it), best the row-major index of each pair's
-// first maximal cell, -1 for the zero border.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> op_affine_forward(const at::Tensor& S,
-                                                                 const std::optional<at::Tensor>& qlen,
-                                                                 const std::optional<at::Tensor>& tlen,
-                                                                 double gap_open, double gap_extend,
-                                                                 double temperature, int64_t lane_columns) {
+// Whether the affine gradient by rows (engine.h) takes this call: float32, t > 0 in the shared form, N up
+// to the rows' width. The op sends a call here only where it gains (ops.gradient_by_rows).
+bool affine_rows_take(const at::Tensor& S, double gap_open, double temperature) {
+  return S.is_cuda() && S.dim() == 3 && S.scalar_type() == at::kFloat && temperature > 0 &&
+         sw_cuda_affine_shared_form(gap_open, temperature) &&
+         S.size(2) <= sw_cuda_rows_width();
+}
+
+// (scores (B,), kept (B * kept floats), best_row (B,), failed (1,) int32) of the affine forward by rows.
+std::vector<at::Tensor> affine_forward_rows(const at::Tensor& S_in, const std::optional<at::Tensor>& qlen,
+                                            const std::optional<at::Tensor>& tlen, double gap_open,
+                                            double gap_extend, double temperature) {
+  TORCH_CHECK(affine_rows_take(S_in, gap_open, temperature),
+              "the affine gradient by rows takes float32 CUDA scores (B, M, N) with N <= " +
+                  std::to_string(sw_cuda_rows_width()) + ", t > 0 and |gap_open| log2(e) / t <= 100");
+  const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
+  TORCH_CHECK(error.empty(), error);
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const at::Tensor S = S_in.contiguous();
+  // 4 columns per lane: the longest-first order, and the boundary of the log-space fallback
+  const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S.device(), 4, sw_cuda_tile_columns(4), false);
+  const Problem pr = problem(B, M, N, lengths);
+  const at::Tensor boundary = affine_boundary(B, M, N, 4, S.options());
+  at::Tensor scores = at::empty({B}, S.options());
+  at::Tensor kept = at::empty({B * sw_cuda_affine_rows_kept_floats(M)}, S.options());
+  at::Tensor best_row = at::empty({B}, S.options().dtype(at::kLong));
+  at::Tensor failed = at::zeros({1}, S.options().dtype(at::kInt));
+  if (M == 0 || N == 0) {
+    scores.zero_();
+    best_row.fill_(-1);
+  } else {
+    SWCLI_CHECK_CUDA(sw_cuda_affine_rows_forward(pr, S.data_ptr<float>(), scores.data_ptr<float>(),
+                                                 best_row.data_ptr<int64_t>(), kept.data_ptr<float>(),
+                                                 ptr_or_null<float>(boundary), failed.data_ptr<int>(), gap_open,
+                                                 gap_extend, temperature, c10::cuda::getCurrentCUDAStream()),
+                     "affine forward by rows");
+  }
+  return {scores, kept, best_row, failed};
+}
+
+// grad_S (B, M, N) from affine_forward_rows' kept rows and best rows; or, where its failed count is not 0,
+// an undefined tensor: the caller then takes the state's path (read last, as in backward_rows).
+at::Tensor affine_backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
+                                const at::Tensor& best_row, const at::Tensor& failed,
+                                const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
+                                double gap_open, double gap_extend, double temperature) {
+  TORCH_CHECK(affine_rows_take(S_in, gap_open, temperature), "the affine gradient by rows does not take these scores");
+  const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
+  TORCH_CHECK(error.empty(), error);
+  TORCH_CHECK(kept.is_cuda() && kept.dim() == 1 && kept.numel() == B * sw_cuda_affine_rows_kept_floats(M) &&
+                  kept.scalar_type() == at::kFloat && kept.is_contiguous() && best_row.is_cuda() &&
+                  best_row.numel() == B && best_row.scalar_type() == at::kLong && best_row.is_contiguous() &&
+                  failed.is_cuda() && failed.numel() == 1 && failed.scalar_type() == at::kInt,
+              "kept rows do not match the score matrix (they come from affine_forward with by_rows)");
+  TORCH_CHECK(grad_scores.device() == S_in.device() && grad_scores.numel() == B,
+              "grad_scores must hold " + std::to_string(B) + " values on the scores' device");
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const at::Tensor S = S_in.contiguous();
+  const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S.device(), 4, sw_cuda_tile_columns(4), false);
+  const Problem pr = problem(B, M, N, lengths);
+  const at::Tensor grad = grad_scores.to(at::kFloat).contiguous();
+  at::Tensor grad_S = at::empty({B, M, N}, S.options());  // the kernel writes every element
+  if (M == 0 || N == 0) return grad_S;
+  if (failed.item<int>() != 0) return at::Tensor();
+  SWCLI_CHECK_CUDA(sw_cuda_affine_rows_backward(pr, grad.data_ptr<float>(), S.data_ptr<float>(),
+                                                kept.data_ptr<float>(), best_row.data_ptr<int64_t>(),
+                                                grad_S.data_ptr<float>(), gap_open, gap_extend, temperature,
+                                                c10::cuda::getCurrentCUDAStream()),
+                   "affine backward by rows");
+  return grad_S;
+}
+
+// (scores, state, best, failed): by rows, state is the kept rows, best the best cell's row and failed the
+// count of pairs that need the state's path; else the state is M, X and Y of every cell in the kernels'
+// wavefront order (its size depends on the columns per lane: only the engine reads it), best the
+// row-major index of each pair's first maximal cell, -1 for the zero border, and failed 0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> op_affine_forward(
+    const at::Tensor& S, const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
+    double gap_open, double gap_extend, double temperature, bool by_rows, int64_t lane_columns) {
+  if (by_rows) {
+    TORCH_CHECK(lane_columns == 0, "the gradient by rows takes lane_columns 0 (its lanes hold 8 columns)");
+    const std::string settings = affine_settings_error(gap_open, gap_extend, temperature);
+    TORCH_CHECK(settings.empty(), settings);
+    std::vector<at::Tensor> r = affine_forward_rows(S, qlen, tlen, gap_open, gap_extend, temperature);
+    return {r[0], r[1], r[2], r[3]};
+  }
   std::vector<at::Tensor> r =
       affine_dense_forward(S, qlen, tlen, gap_open, gap_extend, temperature, lane_columns, true);
-  return {r[0], r[1], r[2]};
+  return {r[0], r[1], r[2], at::zeros({1}, S.options().dtype(at::kInt))};
 }
 
 // Scores (B,) float32 of uint8 code pairs with affine gaps, as forward_codes takes them.
@@ -534,11 +614,11 @@ at::Tensor op_affine_scores_codes(const at::Tensor& query_in, const at::Tensor& 
   return scores;
 }
 
-// grad_S (B, M, N) from op_affine_forward's state and best (the same lane_columns).
-at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& state,
-                              const at::Tensor& best, const std::optional<at::Tensor>& qlen,
-                              const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
-                              double temperature, int64_t lane_columns) {
+// grad_S (B, M, N) from the state and best of op_affine_forward without by_rows (the same lane_columns).
+at::Tensor affine_backward_state(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& state,
+                                 const at::Tensor& best, const std::optional<at::Tensor>& qlen,
+                                 const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
+                                 double temperature, int64_t lane_columns) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
               std::string("the CUDA engine takes float32 or float64, got ") + c10::toString(S_in.scalar_type()));
@@ -579,6 +659,74 @@ at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S
                                                  stream),
                      "affine backward");
   return grad_S;
+}
+
+// grad_S (B, M, N) from op_affine_forward's (state, best, failed) with the same by_rows and lane_columns.
+at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                              const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                              const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
+                              double temperature, bool by_rows, int64_t lane_columns) {
+  if (by_rows) {
+    TORCH_CHECK(lane_columns == 0, "the gradient by rows takes lane_columns 0 (its lanes hold 8 columns)");
+    const std::string settings = affine_settings_error(gap_open, gap_extend, temperature);
+    TORCH_CHECK(settings.empty(), settings);
+    at::Tensor grad_S =
+        affine_backward_rows(grad_scores, S, state, best, failed, qlen, tlen, gap_open, gap_extend, temperature);
+    if (grad_S.defined()) return grad_S;
+    // Some pair's rows left the scaled range (its score came from log space): the state's path for the
+    // batch, its state computed now.
+    std::vector<at::Tensor> r = affine_dense_forward(S, qlen, tlen, gap_open, gap_extend, temperature, 0, true);
+    return affine_backward_state(grad_scores, S, r[1], r[2], qlen, tlen, gap_open, gap_extend, temperature, 0);
+  }
+  return affine_backward_state(grad_scores, S, state, best, qlen, tlen, gap_open, gap_extend, temperature,
+                               lane_columns);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Exact search scores in 16-bit lanes (search_s16.cu, engine.h).
+
+// (scores (B,) int32, overflows (1,) int32): one query's exact scores against padded targets at t = 0,
+// -1 where int16 could not hold the pair (counted in overflows: the caller scores those again wider).
+std::tuple<at::Tensor, at::Tensor> op_search_scores_s16(const at::Tensor& query_in, const at::Tensor& target_in,
+                                                        const at::Tensor& tlen_in, const at::Tensor& table_in,
+                                                        int64_t gap_open, int64_t gap_extend, int64_t limit) {
+  TORCH_CHECK(query_in.is_cuda() && target_in.device() == query_in.device() && tlen_in.device() == query_in.device() &&
+                  table_in.device() == query_in.device(),
+              "the exact search needs the query, targets, lengths and table on one CUDA device");
+  TORCH_CHECK(query_in.dim() == 1 && query_in.scalar_type() == at::kByte && target_in.dim() == 2 &&
+                  target_in.scalar_type() == at::kByte,
+              "the exact search takes a (M,) uint8 query and (B, N) uint8 targets");
+  const int64_t M = query_in.size(0), B = target_in.size(0), N = target_in.size(1);
+  TORCH_CHECK(tlen_in.dim() == 1 && tlen_in.size(0) == B && tlen_in.scalar_type() == at::kLong,
+              "target_lengths must be (B,) int64");
+  TORCH_CHECK(table_in.dim() == 3 && table_in.scalar_type() == at::kInt && table_in.size(1) == table_in.size(0) + 1 &&
+                  table_in.size(2) == table_in.size(0) + 1,
+              "the table must be (K, K + 1, K + 1) int32");
+  TORCH_CHECK(gap_open <= gap_extend && gap_extend <= 0 && gap_open >= -16000,
+              "the exact search takes integer gaps with -16000 <= gap_open <= gap_extend <= 0, got " +
+                  std::to_string(gap_open) + " and " + std::to_string(gap_extend));
+  TORCH_CHECK(limit > 0 && limit <= 32767, "limit must be in [1, 32767], got " + std::to_string(limit));
+  TORCH_CHECK(M < (int64_t(1) << 30) && N < (int64_t(1) << 30), "the exact search takes at most 2^30 residues a sequence");
+  const int64_t K = table_in.size(0);
+  const int64_t smem_limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  TORCH_CHECK(K * (K + 1) * (K + 1) * 4 <= smem_limit,
+              "a " + std::to_string(K) + "-letter table does not fit in the GPU's shared memory (" +
+                  std::to_string(smem_limit) + " bytes per block)");
+  const c10::cuda::CUDAGuard guard(query_in.device());
+  const at::Tensor query = query_in.contiguous(), target = target_in.contiguous(), tlen = tlen_in.contiguous(),
+                   table = table_in.contiguous();
+  at::Tensor scores = at::empty({B}, query.options().dtype(at::kInt));
+  at::Tensor overflows = at::zeros({1}, query.options().dtype(at::kInt));
+  if (B == 0) return {scores, overflows};
+  if (M == 0 || N == 0) return {scores.zero_(), overflows};
+  at::Tensor boundary;
+  if (N > sw_cuda_search_s16_columns(N)) boundary = at::empty({(B + 1) / 2 * M * 2}, query.options().dtype(at::kInt));
+  const SearchS16Call call{query.data_ptr<uint8_t>(), int(M), target.data_ptr<uint8_t>(), N, B,
+                           tlen.data_ptr<int64_t>(), reinterpret_cast<const unsigned*>(table.data_ptr<int>()), int(K),
+                           int(gap_open), int(gap_extend), int(limit), scores.data_ptr<int>(),
+                           boundary.defined() ? boundary.data_ptr<int>() : nullptr, overflows.data_ptr<int>()};
+  SWCLI_CHECK_CUDA(sw_cuda_search_s16(call, c10::cuda::getCurrentCUDAStream()), "exact search");
+  return {scores, overflows};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -678,4 +826,5 @@ TORCH_LIBRARY_IMPL(swcli, CUDA, m) {
   m.impl("affine_scores_codes", &op_affine_scores_codes);
   m.impl("affine_forward", &op_affine_forward);
   m.impl("affine_backward", &op_affine_backward);
+  m.impl("search_scores_s16", &op_search_scores_s16);
 }

@@ -1,0 +1,385 @@
+"""Gaps and temperature as tensors (0-d or one per pair), with gradients; the posterior; the learnable
+module. The CPU engine against autograd through the float64 reference loop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import swcli
+from swcli import ops
+from swcli.ops import soft_smith_waterman_codes
+from swcli.testing import (
+    cuda,
+    parameter_gradients,
+    random_lengths,
+    random_scores,
+    reference_gradient,
+    requires_cuda,
+    window_mask,
+)
+
+ssw = swcli.soft_smith_waterman
+B, M, N = 6, 9, 8
+KINDS = ["linear", "affine"]
+FORMS = ["number", "0-d", "per-pair"]
+
+
+def gap_values(kind: str, form: str, requires_grad: bool = True) -> dict:
+    """The gaps of `kind` in `form`: numbers, 0-d tensors or (B,) tensors of distinct values."""
+    values = {"gap": (-0.8, -1.3, -0.4)} if kind == "linear" else {"gap_open": (-2.0, -2.6, -1.6),
+                                                                    "gap_extend": (-0.5, -0.9, -0.3)}
+    out = {}
+    for name, (value, low, high) in values.items():
+        if form == "number":
+            out[name] = value
+        elif form == "0-d":
+            out[name] = torch.tensor(value, dtype=torch.float64, requires_grad=requires_grad)
+        else:
+            out[name] = torch.linspace(low, high, B, dtype=torch.float64).requires_grad_(requires_grad)
+    return out
+
+
+def temperature_value(t: float, form: str, requires_grad: bool):
+    if form == "number":
+        return t
+    if form == "0-d":
+        return torch.tensor(t, dtype=torch.float64, requires_grad=requires_grad)
+    return torch.linspace(0.5 * t, t, B, dtype=torch.float64).requires_grad_(requires_grad)
+
+
+def padded_batch(seed: int):
+    S = random_scores((B, M, N), seed=seed, scale=1.5)
+    qlen = random_lengths(B, M, seed=seed + 1)
+    tlen = random_lengths(B, N, seed=seed + 2)
+    qlen[0], tlen[0] = M, N  # one full pair
+    return S, qlen, tlen
+
+
+# --------------------------------------------------------------------------------------------------
+# Gradients by the gaps and the temperature
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("t", [0.0, 0.3, 1.0])
+def test_gradients_match_autograd_through_reference(kind, form, t):
+    S, qlen, tlen = padded_batch(seed=8000)
+    grad_out = random_scores((B,), seed=8003)
+    gaps = gap_values(kind, form)
+    # d / dt is not defined at t = 0: there the temperature is a constant of the same form
+    temperature = temperature_value(t, form, requires_grad=t > 0)
+    cpu_scores, cpu = parameter_gradients(S, gaps, temperature, qlen, tlen, grad_out, backend="cpu")
+    ref_scores, ref = parameter_gradients(S, gaps, temperature, qlen, tlen, grad_out, backend="reference")
+    assert set(cpu) == set(ref) and len(cpu) == 1 + (form != "number") * (len(gaps) + (t > 0))
+    torch.testing.assert_close(cpu_scores, ref_scores, rtol=0, atol=1e-9)
+    for name in ref:
+        assert cpu[name].shape == ref[name].shape
+        torch.testing.assert_close(cpu[name], ref[name], rtol=0, atol=1e-9, msg=name)
+    assert (cpu["S"][window_mask(B, M, N, qlen, tlen)] == 0).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_is_never_read(kind):
+    S, qlen, tlen = padded_batch(seed=8050)
+    gaps = gap_values(kind, "per-pair")
+    t = temperature_value(0.5, "0-d", requires_grad=True)
+    scores, grads = parameter_gradients(S, gaps, t, qlen, tlen)
+    S[window_mask(B, M, N, qlen, tlen)] = float("nan")
+    nan_scores, nan_grads = parameter_gradients(S, gaps, t, qlen, tlen)
+    assert torch.equal(scores, nan_scores)
+    for name in grads:
+        assert torch.equal(grads[name], nan_grads[name]), name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hard_gap_gradients_count_the_best_alignments_gaps(kind):
+    # At t = 0 the gradient is the count on one best alignment: whole numbers, the same as the reference's.
+    S, qlen, tlen = padded_batch(seed=8100)
+    gaps = gap_values(kind, "per-pair")
+    _, grads = parameter_gradients(S, gaps, 0.0, qlen, tlen)
+    _, ref = parameter_gradients(S, gaps, 0.0, qlen, tlen, backend="reference")
+    for name in gaps:
+        assert torch.equal(grads[name], grads[name].round()) and (grads[name] >= 0).all()
+        assert torch.equal(grads[name], ref[name])
+    assert any(grads[name].sum() > 0 for name in gaps)  # the case has gaps at all
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_gradients_close_to_reference(kind):
+    S = random_scores((8, 24, 20), seed=8200, dtype=torch.float32)
+    gaps = {name: torch.tensor(value, requires_grad=True) for name, value in gap_values(kind, "number").items()}
+    t = torch.tensor(0.7, requires_grad=True)
+    _, got = parameter_gradients(S, gaps, t)
+    _, ref = parameter_gradients(S.double(), {k: v.double() for k, v in gaps.items()}, t.double(),
+                                 backend="reference")
+    for name in ref:
+        # the expected counts and d/dt are sums over the cells: float32's rounding grows with their number
+        torch.testing.assert_close(got[name].double(), ref[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+def test_gradcheck_in_s_gaps_and_temperature(kind, with_lengths):
+    S = random_scores((3, 4, 5), seed=8300)
+    qlen = torch.tensor([4, 2, 3]) if with_lengths else None
+    tlen = torch.tensor([5, 5, 2]) if with_lengths else None
+    names = list(gap_values(kind, "number"))
+    inputs = [S.clone().requires_grad_()]
+    inputs += [torch.tensor([value, value - 0.3, value + 0.2], dtype=torch.float64, requires_grad=True)
+               for value in gap_values(kind, "number").values()]
+    inputs.append(torch.tensor(0.8, dtype=torch.float64, requires_grad=True))
+
+    def scores(S, *rest):
+        *gaps, t = rest
+        return ssw(S, temperature=t, query_lengths=qlen, target_lengths=tlen, backend="cpu", **dict(zip(names, gaps)))
+
+    assert torch.autograd.gradcheck(scores, tuple(inputs), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_score_is_homogeneous_of_degree_one(kind):
+    # score(cS, c gaps, c t) = c score(S, gaps, t): the identity d score / d t is computed from.
+    S, qlen, tlen = padded_batch(seed=8400)
+    gaps = gap_values(kind, "per-pair", requires_grad=False)
+    t = temperature_value(0.6, "per-pair", requires_grad=False)
+    base = ssw(S, temperature=t, query_lengths=qlen, target_lengths=tlen, **gaps)
+    for c in (0.5, 3.0):
+        scaled = ssw(S * c, temperature=t * c, query_lengths=qlen, target_lengths=tlen,
+                     **{name: value * c for name, value in gaps.items()})
+        torch.testing.assert_close(scaled, base * c, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pairs_with_shared_values_score_as_alone(kind):
+    # The engine groups pairs by their values: repeated values, in any order, give each pair's own score.
+    S, qlen, tlen = padded_batch(seed=8500)
+    pattern = torch.tensor([0, 1, 0, 2, 1, 0])
+    gaps = {name: value[pattern] for name, value in gap_values(kind, "per-pair", requires_grad=False).items()}
+    t = torch.tensor([1.0, 0.5, 0.0])[pattern].double()
+    together = ssw(S, temperature=t, query_lengths=qlen, target_lengths=tlen, **gaps)
+    for b in range(B):
+        alone = ssw(S[b:b + 1], temperature=t[b].item(), query_lengths=qlen[b:b + 1], target_lengths=tlen[b:b + 1],
+                    **{name: value[b].item() for name, value in gaps.items()})
+        assert together[b].item() == alone.item()
+
+
+def test_tensor_values_equal_numbers():
+    S, qlen, tlen = padded_batch(seed=8600)
+    for kind in KINDS:
+        tensors = {name: torch.tensor(value) for name, value in gap_values(kind, "number").items()}  # float32
+        numbers = {name: value.item() for name, value in tensors.items()}
+        torch.testing.assert_close(ssw(S, temperature=torch.tensor(0.5), query_lengths=qlen, target_lengths=tlen,
+                                       **tensors),
+                                   ssw(S, temperature=0.5, query_lengths=qlen, target_lengths=tlen, **numbers),
+                                   rtol=0, atol=1e-12)
+
+
+def test_empty_batches_with_tensor_parameters():
+    for shape in [(0, 3, 4), (2, 0, 3), (2, 3, 0)]:
+        S = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+        gap = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
+        t = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+        out = ssw(S, gap, t)
+        assert out.shape == (shape[0],) and (out == 0).all()
+        grads = torch.autograd.grad(out.sum(), (S, gap, t), allow_unused=True)
+        assert (grads[0] == 0).all() and grads[1] == 0 and grads[2] == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(gap=torch.ones(2, 3)), r"gap must be a number, a 0-d tensor or a \(6,\) tensor"),
+    (dict(gap=torch.ones(5)), r"gap must be a number, a 0-d tensor or a \(6,\) tensor"),
+    (dict(gap=torch.tensor(True)), "gap must hold real numbers"),
+    (dict(gap=torch.tensor([-1.0, -1, float("nan"), -1, -1, -1])), "gap must be finite; pair 2 has gap = nan"),
+    (dict(temperature=torch.tensor([1.0, 1, 1, 1, -0.5, 1])), "temperature must be finite and >= 0; pair 4"),
+    (dict(gap=None, gap_open=torch.tensor(-1.0), gap_extend=torch.tensor([-2.0, -0.5, -0.5, -0.5, -0.5, -0.5])),
+     "gap_open must be <= gap_extend; pair 0 has gap_open = -1, gap_extend = -2"),
+    (dict(gap=None, gap_open=-2.0, gap_extend=torch.tensor(0.5)), "gap_extend must be <= 0"),
+    (dict(temperature=torch.tensor(0.0, requires_grad=True)), "not defined at temperature 0"),
+])
+def test_bad_tensor_parameters_are_clear_errors(bad, message):
+    S = random_scores((B, 4, 5), seed=8700)
+    arguments = dict(gap=-1.0, temperature=1.0)
+    arguments.update(bad)
+    if arguments["gap"] is None:
+        del arguments["gap"]
+    with pytest.raises(ValueError, match=message):
+        ssw(S, **arguments)
+
+
+@cuda
+@requires_cuda
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_tensor_parameters_name_the_missing_operator_or_match_the_cpu(kind):
+    """Until the CUDA engine registers the per-pair operators, tensor gaps on CUDA tensors raise, naming the
+    operator; once it does, its results must be the CPU engine's."""
+    S, qlen, tlen = padded_batch(seed=8750)
+    gaps = gap_values(kind, "per-pair")
+    t = temperature_value(0.5, "0-d", requires_grad=True)
+    op = "posterior_per_pair" if kind == "linear" else "affine_posterior_per_pair"
+    on_cuda = {name: value.detach().cuda().requires_grad_() for name, value in gaps.items()}
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{op}", "CUDA"):
+        ops.load_engine("cuda")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{op}", "CUDA"):
+        with pytest.raises(ValueError, match=f"need the operator swcli::{op}, which the CUDA engine does not"):
+            ssw(S.cuda(), temperature=t.detach().cuda(), query_lengths=qlen.cuda(), target_lengths=tlen.cuda(),
+                **on_cuda)
+        return
+    scores, grads = parameter_gradients(S.cuda(), on_cuda, t.detach().cuda().requires_grad_(), qlen.cuda(),
+                                        tlen.cuda())
+    cpu_scores, cpu = parameter_gradients(S, gaps, t, qlen, tlen)
+    torch.testing.assert_close(scores.cpu(), cpu_scores, rtol=0, atol=1e-9)
+    for name in cpu:
+        torch.testing.assert_close(grads[name].cpu(), cpu[name], rtol=0, atol=1e-9, msg=name)
+
+
+def test_codes_take_numbers_only():
+    q = torch.zeros(2, 3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="gap must be a finite number here, got a tensor"):
+        soft_smith_waterman_codes(q, q, torch.eye(4), torch.tensor(-1.0))
+
+
+def test_engine_checks_per_pair_values_itself():
+    """Called directly, past the Python checks, the engine names the pair whose value is wrong."""
+    ops.load_engine("cpu")
+    S = random_scores((3, 4, 5), seed=8800)
+    good, t = torch.full((3,), -1.0, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"temperature\[1\] must be a finite number >= 0, got -1"):
+        torch.ops.swcli.posterior_per_pair(S, None, None, good, torch.tensor([1.0, -1.0, 1.0]).double())
+    with pytest.raises(RuntimeError, match=r"gap\[2\] must be a finite number, got inf"):
+        torch.ops.swcli.scores_per_pair(S, None, None, torch.tensor([-1.0, -1, math.inf]).double(), t)
+    with pytest.raises(RuntimeError, match=r"gap_open\[0\] must be <= gap_extend\[0\]"):
+        torch.ops.swcli.affine_scores_per_pair(S, None, None, torch.full((3,), -0.5).double(), good, t)
+    with pytest.raises(RuntimeError, match=r"gap_extend\[1\] must be a finite number <= 0"):
+        torch.ops.swcli.affine_posterior_per_pair(S, None, None, good, torch.tensor([-1.0, 1.0, -1.0]).double(), t)
+    with pytest.raises(RuntimeError, match=r"gap must be a floating-point CPU tensor of shape \(3,\)"):
+        torch.ops.swcli.scores_per_pair(S, None, None, good[:2], t)
+
+
+# --------------------------------------------------------------------------------------------------
+# The posterior
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("tensors", [False, True], ids=["numbers", "tensors"])
+@pytest.mark.parametrize("t", [0.0, 0.5])
+def test_posterior_is_the_gradient(kind, backend, tensors, t):
+    S, qlen, tlen = padded_batch(seed=8900)
+    gaps = gap_values(kind, "0-d" if tensors else "number", requires_grad=False)
+    temperature = torch.tensor(t) if tensors else t
+    scores, posterior = ssw(S, temperature=temperature, query_lengths=qlen, target_lengths=tlen, backend=backend,
+                            return_posterior=True, **gaps)
+    gap, extend = (gaps["gap"], None) if kind == "linear" else (gaps["gap_open"], gaps["gap_extend"])
+    as_number = (lambda x: x.item() if isinstance(x, torch.Tensor) else x)
+    expected_scores, expected = reference_gradient(S, as_number(gap), t, qlen, tlen, torch.ones(B),
+                                                   gap_extend=None if extend is None else as_number(extend))
+    assert posterior.shape == S.shape and posterior.dtype == S.dtype and not posterior.requires_grad
+    torch.testing.assert_close(scores, expected_scores, rtol=0, atol=1e-9)
+    torch.testing.assert_close(posterior, expected, rtol=0, atol=1e-9)
+    assert (posterior[window_mask(B, M, N, qlen, tlen)] == 0).all()
+    assert (posterior >= -1e-12).all() and (posterior <= 1 + 1e-12).all()
+
+
+@pytest.mark.parametrize("tensors", [False, True], ids=["numbers", "tensors"])
+def test_scores_with_posterior_stay_differentiable(tensors):
+    S = random_scores((4, 7, 6), seed=9000).requires_grad_()
+    gap = torch.tensor(-1.0, dtype=torch.float64) if tensors else -1.0
+    scores, posterior = ssw(S, gap, 0.7, return_posterior=True)
+    (grad,) = torch.autograd.grad(scores.sum(), S)
+    torch.testing.assert_close(grad, posterior, rtol=0, atol=1e-12)
+    with torch.no_grad():
+        quiet_scores, quiet_posterior = ssw(S, gap, 0.7, return_posterior=True)
+    assert not quiet_scores.requires_grad and torch.equal(quiet_posterior, posterior)
+
+
+def test_posterior_of_half_precision_has_the_input_dtype():
+    S = random_scores((2, 5, 6), seed=9100, dtype=torch.float16)
+    scores, posterior = ssw(S, -1.0, 1.0, return_posterior=True)
+    assert scores.dtype == posterior.dtype == torch.float16 and posterior.shape == S.shape
+
+
+def test_reference_posterior_is_twice_differentiable():
+    S = random_scores((2, 4, 5), seed=9200).requires_grad_()
+    _, posterior = ssw(S, -1.0, 1.0, backend="reference", return_posterior=True)
+    (second,) = torch.autograd.grad(posterior.sum(), S)
+    assert second.shape == S.shape and second.abs().sum() > 0
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_codes_posterior_equals_dense(affine):
+    g = torch.Generator().manual_seed(9300)
+    q = torch.randint(0, 4, (3, 7), generator=g, dtype=torch.uint8)
+    t = torch.randint(0, 4, (3, 9), generator=g, dtype=torch.uint8)
+    matrix = torch.randn(4, 4, generator=g)
+    qlen, tlen = torch.tensor([7, 3, 5]), torch.tensor([9, 9, 2])
+    gaps = dict(gap_open=-2.0, gap_extend=-0.5) if affine else dict(gap=-1.0)
+    scores, posterior = soft_smith_waterman_codes(q, t, matrix, temperature=0.5, query_lengths=qlen,
+                                                        target_lengths=tlen, return_posterior=True, **gaps)
+    S = matrix[q.long()[:, :, None], t.long()[:, None, :]]
+    dense_scores, dense = ssw(S, temperature=0.5, query_lengths=qlen, target_lengths=tlen, return_posterior=True,
+                              **gaps)
+    torch.testing.assert_close(posterior, dense, rtol=0, atol=0)
+    torch.testing.assert_close(scores, dense_scores, rtol=0, atol=0)
+    plain = soft_smith_waterman_codes(q, t, matrix, temperature=0.5, query_lengths=qlen, target_lengths=tlen,
+                                            **gaps)
+    torch.testing.assert_close(scores, plain, rtol=0, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# The learnable module
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_learnable_module_holds_parameters_with_gradients(affine):
+    extend = dict(gap_extend=-0.5) if affine else {}
+    module = swcli.SoftSmithWaterman(gap_open=-2.0, temperature=0.8, learnable=True, **extend).double()
+    names = dict(module.named_parameters())
+    assert set(names) == ({"gap_open", "gap_extend", "log_temperature"} if affine else {"gap_open", "log_temperature"})
+    assert module.temperature.item() == pytest.approx(0.8)
+    S, qlen, tlen = padded_batch(seed=9400)
+    out = module(S, qlen, tlen)
+    out.sum().backward()
+    gaps = {"gap_open": torch.tensor(-2.0), **({"gap_extend": torch.tensor(-0.5)} if affine else {})}
+    if not affine:
+        gaps = {"gap": gaps["gap_open"]}
+    t = module.temperature.detach().clone()  # exp of the float32 log(0.8), in float64
+    expected_scores, expected = parameter_gradients(
+        S, {k: v.double().requires_grad_() for k, v in gaps.items()}, t.requires_grad_(), qlen, tlen,
+        backend="reference")
+    torch.testing.assert_close(out.detach(), expected_scores, rtol=0, atol=1e-9)
+    torch.testing.assert_close(module.gap_open.grad, expected["gap_open" if affine else "gap"], rtol=0, atol=1e-9)
+    # log parameter: d / d log t = t d / dt
+    torch.testing.assert_close(module.log_temperature.grad, t * expected["temperature"], rtol=0, atol=1e-9)
+    assert "learnable=" in repr(module)
+
+
+def test_learnable_names_and_temperature_setter():
+    module = swcli.SoftSmithWaterman(gap_open=-2.0, gap_extend=-0.5, learnable=("gap_extend",))
+    assert [name for name, _ in module.named_parameters()] == ["gap_extend"]
+    assert module.gap_open == -2.0 and module.temperature == 1.0
+    module.temperature = 0.5
+    assert module.temperature == 0.5
+    learned = swcli.SoftSmithWaterman(learnable="temperature")
+    learned.temperature = 2.0
+    assert learned.temperature.item() == pytest.approx(2.0) and learned.log_temperature.item() == pytest.approx(
+        math.log(2.0))
+    plain = swcli.SoftSmithWaterman()
+    assert list(plain.parameters()) == [] and "learnable" not in repr(plain)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(temperature=0.0, learnable=True), "a learnable temperature must be > 0"),
+    (dict(learnable=("gap_extend",)), "gap_extend can only be learned with affine gaps"),
+    (dict(learnable=("gap",)), "learnable names one of gap_open, gap_extend, temperature"),
+    (dict(gap_open=float("nan"), learnable=True), "gap_open must be a finite number"),
+])
+def test_learnable_module_errors(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        swcli.SoftSmithWaterman(**arguments)

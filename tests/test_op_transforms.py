@@ -1,0 +1,258 @@
+"""torch's transforms of the op: torch.func (grad, jacrev, vmap), torch.compile, torch.export, meta
+tensors, torch.jit.trace and torch.jit.script, double backward. Each works, with the eager op's results,
+or raises the documented error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import swcli
+from swcli import ops
+from swcli.testing import random_lengths, random_scores
+
+ssw = swcli.soft_smith_waterman
+KINDS = ["linear", "affine"]
+
+
+def gaps_of(kind: str, value=None) -> dict:
+    if kind == "linear":
+        return {"gap": -1.0 if value is None else value}
+    return {"gap_open": -2.0 if value is None else value, "gap_extend": -0.5}
+
+
+def batch(seed: int, B=4, M=7, N=6, dtype=torch.float64):
+    S = random_scores((B, M, N), seed=seed, dtype=dtype)
+    return S, random_lengths(B, M, seed=seed + 1, low=1), random_lengths(B, N, seed=seed + 2, low=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.func
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_func_grad_equals_autograd(kind):
+    S, qlen, tlen = batch(100)
+    gap = torch.tensor(-1.5 if kind == "linear" else -2.0, dtype=torch.float64)
+    t = torch.tensor(0.7, dtype=torch.float64)
+    extend = {} if kind == "linear" else {"gap_extend": -0.5}
+
+    def loss(S, gap, t):
+        gaps = {"gap": gap} if kind == "linear" else {"gap_open": gap}
+        return ssw(S, temperature=t, query_lengths=qlen, target_lengths=tlen, **gaps, **extend).sum()
+
+    got = torch.func.grad(loss, argnums=(0, 1, 2))(S, gap, t)
+    inputs = [x.clone().requires_grad_() for x in (S, gap, t)]
+    expected = torch.autograd.grad(loss(*inputs), inputs)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_func_grad_with_number_gaps():
+    S, qlen, tlen = batch(110)
+    got = torch.func.grad(lambda S: ssw(S, -1.0, 0.5, qlen, tlen).sum())(S)
+    Sg = S.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(ssw(Sg, -1.0, 0.5, qlen, tlen).sum(), Sg)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def test_jacrev_of_per_pair_gaps_is_diagonal_gap_counts():
+    S, qlen, tlen = batch(120)
+    gap = torch.tensor([-0.5, -1.0, -1.5, -2.0], dtype=torch.float64)
+    jacobian = torch.func.jacrev(lambda g: ssw(S, g, 1.0, qlen, tlen))(gap)
+    gap_r = gap.clone().requires_grad_()
+    (counts,) = torch.autograd.grad(ssw(S, gap_r, 1.0, qlen, tlen).sum(), gap_r)
+    torch.testing.assert_close(jacobian, torch.diag(counts), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_vmap_over_a_batch_of_batches(kind):
+    V = 3
+    S = random_scores((V, 4, 7, 6), seed=130)
+    qlen = random_lengths(4, 7, seed=131)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no per-sample fallback ("performance drop")
+        out = torch.vmap(lambda S: ssw(S, temperature=0.5, query_lengths=qlen, **gaps_of(kind)))(S)
+        grads = torch.vmap(torch.func.grad(lambda S: ssw(S, temperature=0.5, query_lengths=qlen,
+                                                         **gaps_of(kind)).sum()))(S)
+    for v in range(V):
+        Sv = S[v].clone().requires_grad_()
+        expected = ssw(Sv, temperature=0.5, query_lengths=qlen, **gaps_of(kind))
+        (expected_grad,) = torch.autograd.grad(expected.sum(), Sv)
+        torch.testing.assert_close(out[v], expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(grads[v], expected_grad, rtol=0, atol=1e-12)
+
+
+def test_vmap_over_per_pair_gaps():
+    S, qlen, tlen = batch(140)
+    gaps = torch.tensor([[-1.0], [-2.0], [-0.5]], dtype=torch.float64).expand(3, 4)
+    out = torch.vmap(lambda g: ssw(S, g, 1.0, qlen, tlen))(gaps)
+    for v in range(3):
+        torch.testing.assert_close(out[v], ssw(S, gaps[v, 0].item(), 1.0, qlen, tlen), rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.compile, torch.export, meta tensors
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_compile_learnable_module_matches_eager(kind):
+    torch._dynamo.reset()
+    S, qlen, tlen = batch(200)
+    S.requires_grad_()
+    extend = {} if kind == "linear" else {"gap_extend": -0.5}
+    module = swcli.SoftSmithWaterman(gap_open=-1.5, temperature=0.7, learnable=True, **extend).double()
+    eager = module(S, qlen, tlen)
+    eager_grads = torch.autograd.grad(eager.sum(), [S, *module.parameters()])
+    compiled = torch.compile(module, fullgraph=True)
+    out = compiled(S, qlen, tlen)
+    grads = torch.autograd.grad(out.sum(), [S, *module.parameters()])
+    torch.testing.assert_close(out, eager, rtol=0, atol=1e-12)
+    for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_compiled_posterior_matches_eager():
+    torch._dynamo.reset()
+    S, qlen, tlen = batch(210)
+    for gap in (-1.0, torch.tensor(-1.0, dtype=torch.float64)):
+        def f(S):
+            return ssw(S, gap, 0.5, qlen, tlen, return_posterior=True)
+
+        got, expected = torch.compile(f, fullgraph=True)(S), f(S)
+        torch.testing.assert_close(got[0], expected[0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(got[1], expected[1], rtol=0, atol=1e-12)
+
+
+def test_compiled_temperature_gradient_at_zero_is_a_clear_error():
+    torch._dynamo.reset()
+    S, _, _ = batch(215)
+    t = torch.tensor([0.0, 1.0, 1.0, 1.0], dtype=torch.float64, requires_grad=True)
+    # The compiled graph may check it in its forward (the check reads the forward's inputs only) or its backward.
+    with pytest.raises(RuntimeError, match="not defined at temperature 0"):
+        out = torch.compile(lambda S, t: ssw(S, -1.0, t), fullgraph=True)(S, t)
+        torch.autograd.grad(out.sum(), t)
+
+
+def test_compile_before_any_eager_call(tmp_path):
+    # The first call of a process compiled: the fake kernel loads the engine while dynamo traces.
+    script = tmp_path / "first.py"
+    script.write_text(
+        "import torch, swcli\n"
+        "S = torch.randn(3, 6, 5, dtype=torch.float64)\n"
+        "out = torch.compile(lambda S: swcli.soft_smith_waterman(S, -1.0, 0.5), fullgraph=True)(S)\n"
+        "assert torch.equal(out, swcli.soft_smith_waterman(S, -1.0, 0.5)), out\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(swcli.__file__).parent.parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_learnable_module(kind):
+    S, qlen, tlen = batch(220)
+    extend = {} if kind == "linear" else {"gap_extend": -0.5}
+    module = swcli.SoftSmithWaterman(gap_open=-1.5, temperature=0.7, learnable=True, **extend).double()
+    exported = torch.export.export(module, (S, qlen, tlen))
+    S2, q2, t2 = batch(221)
+    torch.testing.assert_close(exported.module()(S2, q2, t2), module(S2, q2, t2), rtol=0, atol=1e-12)
+
+
+def test_meta_tensors_with_tensor_parameters_and_gradients():
+    S = torch.empty(6, 30, 40, device="meta", requires_grad=True)
+    assert ssw(S).shape == (6,)
+    assert ssw(S, gap_open=-2.0, gap_extend=-1.0).shape == (6,)
+    gap = torch.empty((), device="meta", requires_grad=True)
+    scores, posterior = ssw(S, gap, torch.empty(6, device="meta"), return_posterior=True)
+    assert scores.shape == (6,) and posterior.shape == (6, 30, 40)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch.jit
+
+
+def _trace(fn, example):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit is deprecated; it still works
+        return torch.jit.trace(fn, example)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("learnable", [False, True])
+def test_jit_trace_runs_other_batches_with_gradients(kind, learnable):
+    extend = {} if kind == "linear" else {"gap_extend": -0.5}
+    module = swcli.SoftSmithWaterman(gap_open=-1.5, temperature=0.7, learnable=learnable, **extend).double()
+    S, qlen, tlen = batch(300)
+    traced = _trace(module, (S, qlen, tlen))  # traced without gradients
+    if learnable:  # a step after the trace: the traced module reads the parameters, not their old values
+        with torch.no_grad():
+            for p in module.parameters():
+                p.sub_(0.2)
+    S2, q2, t2 = batch(301, B=7, M=5, N=9)
+    S2.requires_grad_()
+    out, expected = traced(S2, q2, t2), module(S2, q2, t2)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    inputs = [S2, *module.parameters()]
+    for a, b in zip(torch.autograd.grad(out.sum(), inputs), torch.autograd.grad(expected.sum(), inputs)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_jit_trace_checks_lengths_when_run():
+    S, qlen, tlen = batch(310)
+    traced = _trace(lambda S, q, t: ssw(S, -1.0, 1.0, q, t), (S, qlen, tlen))
+    with pytest.raises(RuntimeError, match=r"query_lengths must lie in \[0, M\] \(M = 7\), got 8"):
+        traced(S, torch.tensor([8, 1, 1, 1]), tlen)
+
+
+def test_jit_trace_of_the_posterior():
+    S, qlen, tlen = batch(320)
+    f = lambda S: ssw(S, -1.0, 0.5, return_posterior=True)  # noqa: E731
+    traced = _trace(f, (S,))
+    S2, _, _ = batch(321, B=2, M=9, N=3)
+    for a, b in zip(traced(S2), f(S2)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_jit_script_is_a_clear_error():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(RuntimeError, match="SoftSmithWaterman cannot be compiled by torch.jit.script"):
+            torch.jit.script(swcli.SoftSmithWaterman())
+        with pytest.raises(RuntimeError, match="soft_smith_waterman cannot be compiled by torch.jit.script"):
+            torch.jit.script(swcli.soft_smith_waterman)
+
+
+# --------------------------------------------------------------------------------------------------
+# Double backward
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tensors", [False, True], ids=["numbers", "tensors"])
+def test_double_backward_is_a_clear_error(kind, tensors):
+    S = random_scores((2, 4, 5), seed=400).requires_grad_()
+    gaps = gaps_of(kind, torch.tensor(-2.0, dtype=torch.float64, requires_grad=True) if tensors else None)
+    (grad,) = torch.autograd.grad(ssw(S, temperature=1.0, **gaps).sum(), S, create_graph=True)
+    assert grad.requires_grad
+    with pytest.raises(RuntimeError, match=ops.NOT_TWICE_DIFFERENTIABLE.replace("(", r"\(").replace(")", r"\)")):
+        torch.autograd.grad(grad.sum(), S)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.gradgradcheck(lambda S: ssw(S, temperature=1.0, backend="cpu", **gaps), (S,))
+
+
+def test_nested_func_transforms_are_a_clear_error():
+    S = random_scores((2, 4, 5), seed=410)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.func.grad(lambda S: torch.func.grad(lambda S: ssw(S).sum())(S).sum())(S)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.func.hessian(lambda g: ssw(S, g).sum())(torch.tensor(-1.0, dtype=torch.float64))
+
+
+def test_reference_backend_is_twice_differentiable():
+    S = random_scores((2, 3, 4), seed=420).requires_grad_()
+    gap = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda S, g: ssw(S, g, 1.0, backend="reference"), (S, gap))
