@@ -21,8 +21,8 @@
 #                gap -4, or affine with GAP_OPEN and GAP_EXTEND (e.g. -11 and -1)
 #     details    what --format-output's 21 columns (and --rank evalue) cost in that search, at t = 0 and 1
 #                (benchmarks/details_speed.py; affine GAP_OPEN/GAP_EXTEND, default -11/-1); about 3 minutes
-# Needs the biopython wheel in .whl/ and .bench/proteins.fasta (250 real proteins) in the tree; search also
-# needs .peer/ (the peers folder: peer-cudasw4, cudasw4/, zlib1g-dev.deb) with make-db in .peer/tools/.
+# Needs the biopython wheel in .whl/ and .bench/proteins.fasta (250 real proteins) in the tree; search and details
+# also need .peer/ (the peers folder: peer-cudasw4, cudasw4/, zlib1g-dev.deb) with make-db in .peer/tools/.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
