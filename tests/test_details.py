@@ -138,6 +138,7 @@ def test_integer_sweep_equals_the_float_sweep_byte_for_byte(seed):
     small alphabets and narrow score ranges (ties everywhere), zero and positive-free gaps, linear and
     affine, lengths 0 to 70 (vectors cut short at the row's end), whole and banded walks."""
     rng = np.random.default_rng([seed, 41])
+    empty = gapped = 0
     for _ in range(40):
         alphabet = int(rng.integers(1, 26))
         low, high = sorted(rng.integers(-5, 6, 2))
@@ -149,6 +150,10 @@ def test_integer_sweep_equals_the_float_sweep_byte_for_byte(seed):
         vector = _host.traceback(*pairs, table, gap_open, extend, 2, band_rows)
         scalar = _host.traceback(*pairs, table, gap_open, extend, 1, band_rows, integer_sweep=False)
         assert same_tracebacks(vector, scalar), (alphabet, gap_open, extend, band_rows)
+        lengths = np.minimum(pairs[2], pairs[5])
+        empty += int(np.sum((vector.op_lengths == 0) & (lengths > 0)))
+        gapped += int(np.sum(vector.counts[:, 3] > 0))
+    assert empty > 0 and gapped > 0  # empty alignments of non-empty pairs, and gaps, were compared
 
 
 def test_fractional_scores_and_sums_past_2_24_stay_on_the_float_sweep():

@@ -246,6 +246,19 @@ def test_rank_by_evalue_equals_ranking_every_sequence(t, gaps, device):
     assert differs  # E-value order is not score order here
 
 
+def test_rank_by_evalue_of_an_empty_query_and_past_the_database():
+    """An empty query has no search space (E = 0 for every sequence): the order is the score's, database
+    order. A top past the database's size gives every sequence."""
+    sequences = ["MKVLA", "WWW", "MKVLA", "ACDEFGHIK"]
+    load_engine("cpu")
+    db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62, "db.fa")
+    empty, whole = search([b"", BLOSUM62.encode("MKVLA", lambda: "q")], db, BLOSUM62.tensor(), -4.0, 0.0, 10, "cpu",
+                          rank=RANKED)
+    assert empty.targets.tolist() == [0, 1, 2, 3] and empty.evalues.tolist() == [0.0] * 4
+    assert whole.targets.tolist()[:2] == [0, 2] and len(whole.targets) == 4
+    assert list(whole.evalues) == sorted(whole.evalues)
+
+
 def test_ranking_breaks_equal_evalues_by_score_then_database_order():
     ranks = torch.tensor([1.0, 3.0, 3.0, 2.0, 3.0], dtype=torch.float64)
     keys = score_keys(torch.tensor([5.0, 4.0, 6.0, 1.0, 4.0]), LOW - torch.tensor([0, 1, 2, 3, 4]))
