@@ -393,9 +393,9 @@ def cpu_engine() -> Engine:
 
 @functools.lru_cache(maxsize=None)
 def host_library() -> Engine:
-    """The host pipeline's bulk loops (kernels/host: FASTA scanning, padding rows, TSV rows), plain C
-    functions that swcli._host calls through ctypes."""
-    return build("host", "host", ["-O3"], [], what="the host library", takes="a few seconds")
+    """The host pipeline's bulk loops (kernels/host: FASTA scanning, padding rows, TSV rows, tracebacks),
+    plain C functions that swcli._host calls through ctypes; -march=native for the traceback's vectors."""
+    return build("host", "host", ["-O3", "-march=native"], [], what="the host library", takes="a few seconds")
 
 
 @functools.lru_cache(maxsize=None)

@@ -174,20 +174,22 @@ class Group:
 
     # ---------------------------------------------------------------------------------- search
 
-    def send_keys(self, keys: torch.Tensor | None, failure: BaseException | None, top: int, device):
-        """Start the all-gather of this rank's best keys of one query (key_payload)."""
-        payload = key_payload(keys, failure is not None, top, device)
+    def send_keys(self, keys: torch.Tensor | None, ranks: torch.Tensor | None, failure: BaseException | None,
+                  top: int, ranked: bool, device):
+        """Start the all-gather of this rank's best keys (and R) of one query (key_payload)."""
+        payload = key_payload(keys, ranks, failure is not None, top, ranked, device)
         everyone = [torch.empty_like(payload) for _ in range(self.size)]
         return dist.all_gather(everyone, payload, async_op=True), everyone
 
-    def merged_keys(self, sent, failure: BaseException | None, top: int) -> torch.Tensor:
-        """The best `top` keys of every rank's (send_keys), on the host, descending."""
+    def merged_keys(self, sent, failure: BaseException | None, top: int,
+                    ranked: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The best `top` keys (and their R) of every rank's (send_keys), on the host, best first."""
         work, everyone = sent
         self.wait(work)
         gathered = torch.stack(everyone).cpu()
         if gathered[:, 0].any():
             self.fail(failure)
-        return merge_payloads(gathered, top)
+        return merge_payloads(gathered, top, ranked)
 
     # ---------------------------------------------------------------------------------- align
 
@@ -372,25 +374,40 @@ def inject(group: Group | None, point: str) -> None:
 # search
 
 
-def key_payload(keys: torch.Tensor | None, failed: bool, top: int, device) -> torch.Tensor:
-    """One rank's best keys of a query (None: none, an empty shard) as a (top + 2,) int64 tensor on the
-    engine's device: [status, count, keys..., padding]. A fixed size, for one all-gather; the count,
-    not a sentinel key, since any int64 may be a key."""
-    payload = torch.zeros(top + 2, dtype=torch.int64, device=device)
+def key_payload(keys: torch.Tensor | None, ranks: torch.Tensor | None, failed: bool, top: int, ranked: bool,
+                device) -> torch.Tensor:
+    """One rank's best keys of a query (None: none, an empty shard) as one int64 tensor on the engine's
+    device: [status, count, keys..., padding] and, ranked by E-value, their R (float64, by its bits)
+    and padding after. A fixed size, for one all-gather; the count, not a sentinel key, since any int64
+    may be a key."""
+    payload = torch.zeros(2 + top * (2 if ranked else 1), dtype=torch.int64, device=device)
     if failed:
         payload[0].fill_(1)  # fills, not copies from the host: nothing here waits for the device
     elif keys is not None:
-        payload[1].fill_(keys.numel())
-        payload[2:2 + keys.numel()].copy_(keys)
+        count = keys.numel()
+        payload[1].fill_(count)
+        payload[2:2 + count].copy_(keys)
+        if ranked:
+            payload[2 + top:2 + top + count].copy_(ranks.view(torch.int64))
     return payload
 
 
-def merge_payloads(gathered: torch.Tensor, top: int) -> torch.Tensor:
-    """The best `top` keys of every rank's payload (key_payload, stacked), descending: the keys are
-    distinct, so these are the best of the whole database whatever the shards."""
+def merge_payloads(gathered: torch.Tensor, top: int, ranked: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The best `top` keys of every rank's payload (key_payload, stacked), best first, and ranked by
+    E-value their R: by key (score, then database order), or by R, then key (EvalueRanking.best). Keys
+    are distinct, so either order is total and these are the best of the whole database, whatever the
+    shards."""
     from swcli.search import top_keys
 
-    return top_keys(torch.cat([row[2:2 + int(row[1])] for row in gathered]), top)
+    counts = [int(row[1]) for row in gathered]
+    keys = torch.cat([row[2:2 + count] for row, count in zip(gathered, counts)])
+    if not ranked:
+        return top_keys(keys, top), None
+    from swcli.statistics import EvalueRanking
+
+    ranks = torch.cat([row[2 + top:2 + top + count] for row, count in zip(gathered, counts)]).view(torch.float64)
+    ranks, keys = EvalueRanking.best(ranks, keys, top)
+    return keys, ranks
 
 
 def shard_bounds(offsets: np.ndarray, size: int) -> list[tuple[int, int]]:
@@ -410,13 +427,13 @@ def shard_bounds(offsets: np.ndarray, size: int) -> list[tuple[int, int]]:
 
 
 def run_search(group: Group, queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
-               header: bool = True, max_bytes: int | None = None, progress=None, formatter=None):
+               header: bool = True, max_bytes: int | None = None, progress=None, formatter=None, rank=None):
     """search.run_search shared by the ranks of `group`: the same arguments and output."""
     from swcli.output import COLUMNS, TsvWriter
     from swcli.search import (DEFAULT_MAX_BYTES, HitRows, Searcher, SearchStats, check_inputs, read_inputs,
                               write_hits)
 
-    stats = SearchStats()
+    stats, finished = SearchStats(), False
     with ExitStack() as stack:
         with phase(group):
             check_inputs(queries, database)
@@ -428,32 +445,39 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
         with phase(group):
             searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
                                 settings.device, max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
-                                gap_open=settings.gap_open, gap_extend=settings.gap_extend,
+                                gap_open=settings.gap_open, gap_extend=settings.gap_extend, rank=rank,
                                 rows=shard_bounds(db.offsets, group.size)[group.rank])
             stats.device_bytes, stats.resident = searcher.device_bytes, searcher.resident is not None
             if group.leader:
-                rows_of = HitRows(db, formatter)
                 bar = stack.enter_context(progress(len(records))) if progress else None
                 out = stack.enter_context(TsvWriter(output, header, formatter.columns if formatter else COLUMNS))
+                rows_of = HitRows(db, formatter)
+                stack.callback(lambda: rows_of.close(finished))  # the details' worker: waited for once done
+
+        def write(rows: list) -> None:
+            for one in rows:
+                write_hits(out, one)
 
         def consume(k: int, found, seconds: float) -> None:
             stats.queries += 1
             stats.cells += len(records[k].sequence) * db.residues
             stats.kernel_seconds += seconds
             if group.leader:
-                write_hits(out, rows_of(records[k], codes[k], found))
+                write(rows_of.put(records[k], codes[k], found))
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix_str(f"{stats.gcups:.2f} GCUPS", refresh=False)
 
-        search_shard(group, searcher, codes, consume)
+        search_shard(group, searcher, codes, consume, lambda: write(rows_of.drain()) if group.leader else None)
+        finished = True
     stats.seconds = stats.elapsed
     return stats
 
 
-def search_shard(group: Group, searcher, query_codes: list[bytes], consume) -> None:
+def search_shard(group: Group, searcher, query_codes: list[bytes], consume, drain=None) -> None:
     """Each query against this rank's shard, merged with the other ranks' hits: consume(k, hits, seconds
-    of this rank's scoring calls) for query k, in order, on every rank.
+    of this rank's scoring calls) for query k, in order, on every rank; then drain() (rank 0's rows still
+    being formatted), before the last collective.
 
     As in search.search_rows (Searcher.step), the scoring runs in a worker thread, waited for in short
     steps, and query k + 1 is queued on the device before query k is finished: its pairs past the 16-bit
@@ -484,14 +508,21 @@ def search_shard(group: Group, searcher, query_codes: list[bytes], consume) -> N
                         keys = previous.keys
                     except Exception as exc:
                         failure = exc
-                sent = group.send_keys(keys, failure, searcher.top, searcher.device)
-                merged = group.merged_keys(sent, failure, searcher.top)  # raises on every rank if one failed
+                ranked = searcher.ranking is not None
+                sent = group.send_keys(keys, previous.ranks if keys is not None else None, failure, searcher.top,
+                                       ranked, searcher.device)
+                merged, ranks = group.merged_keys(sent, failure, searcher.top, ranked)  # raises if a rank failed
                 if failure is None:
                     try:
-                        consume(k - 1, hits_of(merged), previous.kernel_seconds())
+                        consume(k - 1, hits_of(merged, ranks), previous.kernel_seconds())
                     except Exception as exc:  # rank 0's writing: said at the next collective
                         failure = exc
             previous = current
+        if failure is None and drain is not None:
+            try:
+                drain()
+            except Exception as exc:
+                failure = exc
         group.agree(failure)
         finished = True
     finally:

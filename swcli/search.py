@@ -11,7 +11,9 @@ int64 key that orders by score, then by earlier sequence (`score_keys`), so torc
 exactly the hits that a stable sort by database order and then by score would, without sorting a block.
 
 On CUDA the host never waits for the device inside a query: query i + 1's blocks are queued before the
-results of query i are read (`Searcher.step`), so the device goes from one query to the next.
+results of query i are read (`Searcher.step`), so the device goes from one query to the next. The hits'
+details (--format-output) are computed in a worker thread (details.InOrder) while the next queries are
+scored.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ class Block:
 
 @dataclass(frozen=True)
 class Hits:
-    scores: torch.Tensor  # (k,) float32, descending
+    scores: torch.Tensor  # (k,) float32, descending (or by E-value, with evalues)
     targets: torch.Tensor  # (k,) int64 database order
+    evalues: np.ndarray | None = None  # (k,) float64, ascending: hits ranked by E-value
 
 
 @dataclass
@@ -98,11 +101,13 @@ def score_keys(scores: torch.Tensor, tiebreak: torch.Tensor) -> torch.Tensor:
     return torch.add(tiebreak, ordered, alpha=1 << 32)  # one kernel, in int64
 
 
-def hits_of(keys: torch.Tensor) -> Hits:
-    """The scores and database orders packed in keys (score_keys' inverse)."""
+def hits_of(keys: torch.Tensor, ranks: torch.Tensor | None = None) -> Hits:
+    """The scores and database orders packed in keys (score_keys' inverse); ranked by E-value, with the
+    E-values exp(-R) of the keys' R (statistics.EvalueRanking)."""
     ordered = (keys >> 32).to(torch.int32)
     bits = ordered ^ ((ordered >> 31) & 0x7FFFFFFF)
-    return Hits(bits.view(torch.float32), LOW - (keys & LOW))
+    evalues = np.exp(-ranks.cpu().numpy()) if ranks is not None else None
+    return Hits(bits.view(torch.float32), LOW - (keys & LOW), evalues)
 
 
 def top_keys(keys: torch.Tensor, top: int) -> torch.Tensor:
@@ -229,6 +234,8 @@ class Pending:
     seconds: float = 0.0
     query: torch.Tensor | None = None
     exact: list = field(default_factory=list)  # (block, scores (n,) int32, overflow count (1,))
+    table: torch.Tensor | None = None  # ranked by E-value: the query's table (statistics.EvalueRanking)
+    ranks: torch.Tensor | None = None  # and the keys' R
 
     def kernel_seconds(self) -> float:
         """The seconds of the scoring calls (on CUDA, once the query's work is done)."""
@@ -240,11 +247,12 @@ class Searcher:
 
     def __init__(self, database: Database, matrix: torch.Tensor, gap: float | None, temperature: float, top: int,
                  backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 *, gap_open: float | None = None, gap_extend: float | None = None,
+                 *, gap_open: float | None = None, gap_extend: float | None = None, rank=None,
                  rows: tuple[int, int] | None = None):
         """gap: the linear gap score; or gap_open with gap_extend, affine gaps (gap is then not used).
-        rows: a shard [first, last) of the length order (distributed.py), scored in the blocks of the
-        whole database, cut to it (make_block's owned); None: every sequence."""
+        rank: a statistics.KarlinAltschul to keep the best hits by E-value (None: by score). rows: a shard
+        [first, last) of the length order (distributed.py), scored in the blocks of the whole database,
+        cut to it (make_block's owned); None: every sequence."""
         if top < 1:
             raise ValueError(f"top must be at least 1, got {top}")
         if len(database) > LOW + 1:
@@ -268,6 +276,12 @@ class Searcher:
             first, last = rows
             kept = [(start, stop) for start, stop in self.bounds if start < last and stop > first]
             self.bounds, self.owned = kept, [(max(start, first), min(stop, last)) for start, stop in kept]
+        self.ranking = None
+        if rank is not None:
+            from swcli.statistics import EvalueRanking
+
+            scored = [owned or bounds for bounds, owned in zip(self.bounds, self.owned)]  # the rows with candidates
+            self.ranking = EvalueRanking(rank, self.lengths, scored, len(database), self.device)
         padded = sum((stop - start) * int(self.lengths[start]) for start, stop in self.bounds)
         self.resident = None
         if padded <= max_bytes:
@@ -292,7 +306,9 @@ class Searcher:
         query = torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else torch.zeros(0, dtype=torch.uint8)
         query = _to(query, self.device)
         pending, candidates = Pending(None), []
-        for block in self.blocks():
+        if self.ranking is not None:
+            pending.table = _to(torch.from_numpy(self.ranking.table(len(codes))), self.device)
+        for index, block in enumerate(self.blocks()):
             rows = block.codes.shape[0]
             if self.on_gpu:
                 started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -306,19 +322,32 @@ class Searcher:
             else:
                 scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
                                              self.temperature, None, block.lengths, self.backend, **self.affine)
-            if block.owned is not None:
-                scores, rows = scores[block.owned], block.tiebreak.numel()
             if self.on_gpu:
                 finished.record()
                 pending.events.append((started, finished))
             else:
                 pending.seconds += time.perf_counter() - began
-            keys = score_keys(scores, block.tiebreak)
-            candidates.append(top_keys(keys, self.top) if rows > self.top else keys)
-        if candidates:
-            pending.keys = top_keys(torch.cat(candidates), self.top)
+            candidates.append(self.candidates(pending, index, block, scores))
+        self.choose(pending, candidates)
         pending.query = query
         return pending
+
+    def candidates(self, pending: Pending, index: int, block: Block, scores: torch.Tensor):
+        """A block's best keys by score, or its best (R, keys) by E-value (of a shard's rows alone)."""
+        if block.owned is not None:
+            scores = scores[block.owned]
+        keys = score_keys(scores, block.tiebreak)
+        if pending.table is not None:
+            return self.ranking.best(self.ranking.ranks(pending.table, scores, index), keys, self.top)
+        return top_keys(keys, self.top) if len(keys) > self.top else keys
+
+    def choose(self, pending: Pending, candidates: list) -> None:
+        """The query's best keys (and R, by E-value) from its blocks' candidates."""
+        if candidates and pending.table is not None:
+            ranks, keys = zip(*candidates)
+            pending.ranks, pending.keys = self.ranking.best(torch.cat(ranks), torch.cat(keys), self.top)
+        elif candidates:
+            pending.keys = top_keys(torch.cat(candidates), self.top)
 
     def rescore_overflows(self, pending: Pending) -> None:
         """Score the pairs the 16-bit kernel could not hold again in float32 (exact for integers below
@@ -327,18 +356,15 @@ class Searcher:
         if not pending.exact or int(torch.cat([count for _, _, count in pending.exact]).sum()) == 0:
             return
         candidates = []
-        for block, exact, _ in pending.exact:
+        for index, (block, exact, _) in enumerate(pending.exact):  # one entry per block, in order
             scores = exact.float()
             wide = (exact < 0).nonzero().flatten()
             if len(wide):
                 scores[wide] = score_checked_codes(
                     pending.query.expand(len(wide), -1), block.codes[wide], self.matrix, self.gap, 0.0, None,
                     block.lengths[wide], self.backend, **self.affine)
-            if block.owned is not None:
-                scores = scores[block.owned]
-            keys = score_keys(scores, block.tiebreak)
-            candidates.append(top_keys(keys, self.top) if len(keys) > self.top else keys)
-        pending.keys = top_keys(torch.cat(candidates), self.top)
+            candidates.append(self.candidates(pending, index, block, scores))
+        self.choose(pending, candidates)
 
     def finish(self, pending: Pending) -> tuple[Hits, float]:
         """A launched query's hits on the host, and the seconds of its scoring calls: the one wait for
@@ -347,7 +373,7 @@ class Searcher:
             return Hits(torch.zeros(0), torch.zeros(0, dtype=torch.int64)), pending.seconds
         self.rescore_overflows(pending)
         keys = pending.keys.cpu()  # waits for the query's work
-        return hits_of(keys), pending.kernel_seconds()
+        return hits_of(keys, pending.ranks), pending.kernel_seconds()
 
     def step(self, codes: bytes | None, pending: Pending | None) -> tuple[Pending | None, tuple[Hits, float] | None]:
         """Launch the next query (codes, or None at the end), then finish the one before (pending):
@@ -363,11 +389,11 @@ class Searcher:
 def search(query_codes: Iterable[bytes], database: Database, matrix: torch.Tensor, gap: float | None,
            temperature: float, top: int, backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS,
            max_bytes: int = DEFAULT_MAX_BYTES, *, gap_open: float | None = None,
-           gap_extend: float | None = None) -> Iterator[Hits]:
-    """The best `top` hits of each query (codes into `matrix`, on `device`), in query order; gaps as
-    Searcher's."""
+           gap_extend: float | None = None, rank=None) -> Iterator[Hits]:
+    """The best `top` hits of each query (codes into `matrix`, on `device`), in query order; gaps and
+    rank as Searcher's."""
     searcher = Searcher(database, matrix, gap, temperature, top, backend, device, max_cells, max_bytes,
-                        gap_open=gap_open, gap_extend=gap_extend)
+                        gap_open=gap_open, gap_extend=gap_extend, rank=rank)
     pending = None
     for codes in chain(query_codes, [None]):  # None: finish the last query
         pending, done = searcher.step(codes, pending)
@@ -388,25 +414,39 @@ def open_database(path: str, matrix) -> Database:
 
 
 class HitRows:
-    """The TSV rows of a query's hits against db: (query, target, qlen, tlen, score) tuples, or with a
-    details.Formatter its columns, formatted (bytes)."""
+    """The TSV rows of each query's hits against db, in query order: (query, target, qlen, tlen, score)
+    tuples, or with a details.Formatter its columns (bytes), formatted in a worker thread while the next
+    queries are scored (details.InOrder)."""
 
     def __init__(self, db: Database, formatter=None):
         self.db, self.formatter = db, formatter
         self.length_of = np.empty(len(db), dtype=np.int64)
         self.length_of[db.index] = db.lengths
-        self.position_of = None  # the length order of each database sequence, for the details of hits
+        self.position_of = self.background = None  # the length order of each database sequence, for the details
         if formatter is not None:
+            from swcli.details import InOrder
+
             self.position_of = np.empty(len(db), dtype=np.int64)
             self.position_of[db.index] = np.arange(len(db))
+            self.background = InOrder()
 
-    def __call__(self, query, codes: bytes, found: Hits):
-        if self.formatter is not None:
+    def put(self, query, codes: bytes, found: Hits) -> list:
+        """Queue one query's hits; returns the rows to write now (of this query, or the oldest queued)."""
+        if self.background is not None:
             from swcli.details import hit_detail_rows
 
-            return hit_detail_rows(self.formatter, query, codes, found, self.db, self.position_of)
-        return [(query.id, self.db.ids[target], len(query.sequence), int(self.length_of[target]), score)
-                for score, target in zip(found.scores.tolist(), found.targets.tolist())]
+            return self.background.put(hit_detail_rows, self.formatter, query, codes, found, self.db,
+                                       self.position_of)
+        return [[(query.id, self.db.ids[target], len(query.sequence), int(self.length_of[target]), score)
+                 for score, target in zip(found.scores.tolist(), found.targets.tolist())]]
+
+    def drain(self) -> list:
+        """The rows still queued, in order."""
+        return self.background.drain() if self.background is not None else []
+
+    def close(self, finished: bool) -> None:
+        if self.background is not None:
+            self.background.close(finished)
 
 
 def write_hits(writer, rows) -> None:
@@ -418,21 +458,22 @@ def write_hits(writer, rows) -> None:
 
 
 def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: int,
-                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None, formatter=None):
+                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None, formatter=None, rank=None):
     """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order; with
     a details.Formatter, each query's rows of its columns, formatted (bytes).
 
     queries: FASTA records, and query_codes their codes (the caller encodes them, checking every letter,
     before any output); settings: the pipeline's Settings (matrix, gaps, temperature, backend). The
     scoring runs in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
-    honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time."""
+    honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time. rank:
+    a statistics.KarlinAltschul to keep and write the hits by E-value (None: by score)."""
     from swcli.pipeline import counted_call, scoring_pool, wait_for
 
     stats = stats if stats is not None else SearchStats()
     rows_of = HitRows(db, formatter)
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
                         settings.device, max_bytes=max_bytes, gap_open=settings.gap_open,
-                        gap_extend=settings.gap_extend)
+                        gap_extend=settings.gap_extend, rank=rank)
     stats.sequences, stats.residues = len(db), db.residues
     stats.host_bytes, stats.device_bytes, stats.resident = db.nbytes, searcher.device_bytes, searcher.resident is not None
     pool = scoring_pool(searcher.device, "swcli-search")
@@ -448,10 +489,12 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
             stats.queries += 1
             stats.cells += len(query.sequence) * db.residues
             stats.kernel_seconds += seconds
-            yield rows_of(query, query_codes[k - 1], found)
+            yield from rows_of.put(query, query_codes[k - 1], found)
+        yield from rows_of.drain()
         finished = True
     finally:
         pool.shutdown(wait=finished, cancel_futures=True)
+        rows_of.close(finished)
 
 
 def check_inputs(queries: str, database: str) -> None:
@@ -470,12 +513,13 @@ def read_inputs(queries: str, database: str, settings) -> tuple[list, list[bytes
 
 def run_search(queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
                header: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, progress=None,
-               formatter=None) -> SearchStats:
+               formatter=None, rank=None) -> SearchStats:
     """`swcli search` as a function: read and check the queries, open the database (a FASTA file or a
     makedb folder), search, write the TSV to `output` (None: stdout). settings: the pipeline's Settings,
     its engine already loaded, so that start-up stays out of the returned SearchStats (seconds run from
     the queries' reading to the output's completion). progress(total), if given, makes the bar.
-    formatter: a details.Formatter for other columns than the default ones (computed for the hits only)."""
+    formatter: a details.Formatter for other columns than the default ones (computed for the hits only);
+    rank: a statistics.KarlinAltschul to keep and write each query's hits by E-value (None: by score)."""
     from contextlib import nullcontext
 
     from swcli.output import COLUMNS, TsvWriter
@@ -487,7 +531,7 @@ def run_search(queries: str, database: str, settings, output: str | None = None,
     interrupt.check()
     columns = formatter.columns if formatter is not None else COLUMNS
     with (progress(len(records)) if progress else nullcontext()) as bar, TsvWriter(output, header, columns) as writer:
-        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats, formatter):
+        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats, formatter, rank):
             write_hits(writer, rows)
             if bar is not None:
                 bar.update(1)

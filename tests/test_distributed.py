@@ -27,12 +27,14 @@ from swcli.fasta import FastaRecord
 from swcli.ops import load_engine
 from swcli.scoring import load_matrix
 from swcli.search import LOW, Searcher, hits_of, score_keys
+from swcli.statistics import KarlinAltschul
 from swcli.testing import DEVICE_PARAMS, random_protein, related_protein_pairs, run_cli, write_fasta
 
 REPO = Path(__file__).resolve().parent.parent
 BLOSUM62 = load_matrix("BLOSUM62")
 ALL_COLUMNS = ",".join(COLUMNS)
 STATISTICS = ["--lambda", "0.27", "--k", "0.04"]
+RANKED = KarlinAltschul(0.27, 0.04, "given", 1.9, -30.0)  # BLOSUM62 11/1's values, with a length correction
 
 
 def build(sequences):
@@ -64,25 +66,30 @@ def test_a_sequence_longer_than_a_share_is_a_shard_alone_and_leaves_empty_shards
     assert distributed.shard_bounds(np.array([0, 5]), 3) == [(0, 0), (0, 1), (1, 1)]  # fewer sequences than ranks
 
 
-def sharded_hits(db, codes, top, size, device, t, **limits):
+def sharded_hits(db, codes, top, size, device, t, rank=None, **limits):
     """Each query's hits as `size` ranks find them: each rank's Searcher on its shard, the payloads stacked
     (what the all-gather gives every rank) and merged."""
     bounds = distributed.shard_bounds(db.offsets, size)
     searchers = [Searcher(db, BLOSUM62.tensor(), -4.0, t, top, "cuda" if device.type == "cuda" else "cpu",
-                          device, rows=rows, **limits) for rows in bounds]
+                          device, rank=rank, rows=rows, **limits) for rows in bounds]
     found = []
     for query in codes:
-        payloads = [distributed.key_payload(s.launch(query).keys, False, top, device) for s in searchers]
-        found.append(hits_of(distributed.merge_payloads(torch.stack(payloads).cpu(), top)))
+        payloads = []
+        for searcher in searchers:
+            pending = searcher.launch(query)
+            searcher.rescore_overflows(pending)
+            payloads.append(distributed.key_payload(pending.keys, pending.ranks, False, top, rank is not None, device))
+        found.append(hits_of(*distributed.merge_payloads(torch.stack(payloads).cpu(), top, rank is not None)))
     return found, bounds
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
-@pytest.mark.parametrize("t", [0.0, 1.0])
-def test_sharded_search_equals_one_searcher_bit_for_bit(device, t):
+@pytest.mark.parametrize("t, rank", [(0.0, None), (1.0, None), (0.0, RANKED)], ids=["t0", "t1", "t0-evalue"])
+def test_sharded_search_equals_one_searcher_bit_for_bit(device, t, rank):
     """Every rank count, shards cut inside blocks (the blocks keep the single process's shape), resident and
-    streamed: the same hits and scores, ties by database order included. 1,500 sequences of one block make
-    a batch past the CUDA engine's switch from 1 to 8 columns per lane (1,056 pairs on an H200)."""
+    streamed, by score and by E-value: the same hits, scores and E-values, ties by database order
+    included. 1,500 sequences of one block make a batch past the CUDA engine's switch from 1 to 8 columns
+    per lane (1,056 pairs on an H200)."""
     load_engine(device)
     rng = random.Random(3)
     pairs = related_protein_pairs(4, 3, 30, 90)
@@ -93,12 +100,15 @@ def test_sharded_search_equals_one_searcher_bit_for_bit(device, t):
     codes = [BLOSUM62.encode(q, lambda: "query") for q, _ in pairs] + [b""]  # an empty query too
     for limits in ({}, {"max_cells": 20_000}, {"max_cells": 20_000, "max_bytes": 0}):
         whole = Searcher(db, BLOSUM62.tensor(), -4.0, t, 9, "cuda" if device.type == "cuda" else "cpu", device,
-                         **limits)
+                         rank=rank, **limits)
         expected = [whole.best(c) for c in codes]
         for size in (2, 5):
-            found, _ = sharded_hits(db, codes, 9, size, device, t, **limits)
+            found, _ = sharded_hits(db, codes, 9, size, device, t, rank, **limits)
             for want, got in zip(expected, found, strict=True):
                 assert torch.equal(got.targets, want.targets) and torch.equal(got.scores, want.scores)
+                assert (got.evalues is None) == (rank is None)
+                if rank is not None:
+                    assert got.evalues.tolist() == want.evalues.tolist()
 
 
 @pytest.mark.cuda
@@ -143,14 +153,30 @@ def test_a_shard_past_the_top_and_empty_shards_merge_to_the_whole():
 
 def test_payloads_carry_status_count_and_any_int64_key():
     keys = torch.tensor([torch.iinfo(torch.int64).max, 0, torch.iinfo(torch.int64).min])  # no value is special
-    rows = [distributed.key_payload(keys, False, 4, "cpu"), distributed.key_payload(None, False, 4, "cpu"),
-            distributed.key_payload(keys[:1], True, 4, "cpu")]
+    rows = [distributed.key_payload(keys, None, False, 4, False, "cpu"),
+            distributed.key_payload(None, None, False, 4, False, "cpu"),
+            distributed.key_payload(keys[:1], None, True, 4, False, "cpu")]
     assert rows[0].tolist()[:2] == [0, 3] and rows[1].tolist() == [0] * 6 and rows[2].tolist()[:2] == [1, 0]
-    assert distributed.merge_payloads(torch.stack(rows[:2]), 2).tolist() == keys[:2].tolist()
+    best, ranks = distributed.merge_payloads(torch.stack(rows[:2]), 2)
+    assert best.tolist() == keys[:2].tolist() and ranks is None
     scores, order = torch.tensor([3.0, 3.0, 5.0]), torch.tensor([7, 2, 9])
-    split = [distributed.key_payload(score_keys(scores[[k]], LOW - order[[k]]), False, 2, "cpu") for k in range(3)]
-    merged = hits_of(distributed.merge_payloads(torch.stack(split), 2))
+    split = [distributed.key_payload(score_keys(scores[[k]], LOW - order[[k]]), None, False, 2, False, "cpu")
+             for k in range(3)]
+    merged = hits_of(*distributed.merge_payloads(torch.stack(split), 2))
     assert merged.targets.tolist() == [9, 2]  # the tie between 7 and 2 goes to the earlier in the database
+
+
+def test_ranked_payloads_carry_r_bit_for_bit_and_merge_by_r_then_key():
+    """By E-value: R (float64, sent as its bits) first, then the key; 3 ranks, one of them empty."""
+    r = torch.tensor([-2.5, 1e-300, float("-inf"), 7.0, 7.0], dtype=torch.float64)
+    keys = score_keys(torch.tensor([1.0, 2.0, 3.0, 4.0, 4.0]), LOW - torch.tensor([0, 1, 2, 5, 3]))
+    rows = [distributed.key_payload(keys[:2], r[:2], False, 3, True, "cpu"),
+            distributed.key_payload(None, None, False, 3, True, "cpu"),
+            distributed.key_payload(keys[2:], r[2:], False, 3, True, "cpu")]
+    assert rows[1].shape == (8,) and rows[0][5:7].view(torch.float64).tolist() == [-2.5, 1e-300]
+    best, ranks = distributed.merge_payloads(torch.stack(rows), 3, ranked=True)
+    assert ranks.tolist() == [7.0, 7.0, 1e-300]
+    assert hits_of(best, ranks).targets.tolist() == [3, 5, 1]  # equal R: the earlier in the database
 
 
 def test_without_torchrun_there_is_no_group(monkeypatch):
@@ -229,6 +255,9 @@ def commands(paths, folder):
         ("search_details", ["search", p["q"], p["prepared"], "-t", "0", "--gap-open", "-11", "--gap-extend", "-1",
                             "--format-output", ALL_COLUMNS, *STATISTICS, "-o", out("details.tsv"), *cpu], {}),
         ("search_fails_on_rank_0", ["search", p["q"], p["db"], *cpu], {"SWCLI_FAIL_AT": "0:query:0"}),
+        ("search_by_evalue", ["search", p["q"], p["db"], "-k", "5", "-t", "0", "--gap-open", "-11", "--gap-extend", "-1",
+                              "--rank", "evalue", *STATISTICS, "--alpha", "1.9", "--beta", "-30", "--format-output",
+                              "query,target,tlen,score,evalue,cigar", *cpu], {}),
         ("search_empty_shard", ["search", p["q"], p["one"], "-k", "3", "-t", "1", "--max-memory", "0", *cpu], {}),
         ("align_details", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-t", "1", "--format-output", ALL_COLUMNS,
                            *STATISTICS, "-o", out("align.tsv"), *cpu], {}),
@@ -263,8 +292,8 @@ def one_process(argv, capsys):
     return run_cli(argv, capsys)
 
 
-@pytest.mark.parametrize("name", ["search", "search_details", "search_empty_shard", "align_details",
-                                  "align_all_vs_all"])
+@pytest.mark.parametrize("name", ["search", "search_details", "search_by_evalue", "search_empty_shard",
+                                  "align_details", "align_all_vs_all"])
 def test_two_ranks_write_what_one_process_writes(ranks, files, capsys, tmp_path, name):
     folder, paths = files
     argv = {n: argv for n, argv, _ in commands(paths, folder)}[name]
