@@ -206,16 +206,18 @@ def _columns(format_output: str, lambda_: Optional[float], k: Optional[float], a
 
 
 def _statistics(columns: tuple[str, ...], settings, lambda_: Optional[float], k: Optional[float],
-                alpha: Optional[float], beta: Optional[float], quiet: bool, rank: Rank = Rank.score):
-    """lambda, K and the length correction (given, cached or estimated now) where the evalue or bits
-    columns or --rank evalue need them, else None; their values go to stderr unless --quiet."""
+                alpha: Optional[float], beta: Optional[float], quiet: bool, rank: Rank = Rank.score, group=None):
+    """lambda, K and the length correction (given, cached or estimated now, by rank 0 of a distributed
+    group and shared) where the evalue or bits columns or --rank evalue need them, else None; their
+    values go to stderr unless --quiet."""
+    from swcli import distributed
     from swcli.details import STATISTICS_COLUMNS
 
     if not STATISTICS_COLUMNS & set(columns) and rank is not Rank.evalue:
         return None
     from swcli.statistics import parameters, setting_name
 
-    found = parameters(settings, lambda_, k, alpha=alpha, beta=beta)
+    found = distributed.shared(group, lambda: parameters(settings, lambda_, k, alpha=alpha, beta=beta))
     if not quiet:
         typer.echo(f"swcli: Karlin-Altschul {found.describe()} for {setting_name(settings)}", err=True)
     return found
@@ -324,14 +326,20 @@ def align(
 ):
     """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order), or the
     --format-output columns."""
-    from swcli import _host
-    from swcli.output import TsvWriter, chunk_rows
-    from swcli.pipeline import Stats, align_chunks
+    from swcli import _host, distributed
+    from swcli.output import chunk_rows
+    from swcli.pipeline import Stats
 
     columns = _columns(format_output, lambda_, k, alpha, beta)
-    settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend, chunk_size=chunk_size)
-    _host.load()
-    formatter = _formatter(columns, settings, _statistics(columns, settings, lambda_, k, alpha, beta, quiet))
+    group = distributed.start((queries, targets))  # None unless started by torchrun
+    quiet = quiet or not distributed.is_leader(group)
+    with distributed.phase(group):
+        settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend,
+                             chunk_size=chunk_size)
+        _host.load()
+    distributed.check_engine(group, settings)
+    formatter = _formatter(columns, settings,
+                           _statistics(columns, settings, lambda_, k, alpha, beta, quiet, group=group))
     if formatter is not None:
         from swcli.details import chunk_detail_rows
 
@@ -348,14 +356,13 @@ def align(
     else:
         bar = _progress_bar(quiet, "pair")
     try:
-        with bar, TsvWriter(output, header, columns) as writer:
+        with bar, distributed.writer(group, output, header, columns) as writer:
             def on_chunk(s: Stats) -> None:
                 bar.update((measure.done() if measure is not None else s.pairs) - bar.n)
                 bar.set_postfix_str(f"{s.pairs:,} pairs, {s.cells / max(s.seconds, 1e-9) / 1e9:.2f} GCUPS",
                                     refresh=False)
 
-            for chunk, scores in align_chunks(chunks, settings, stats, on_chunk):
-                writer.write_bytes(rows_of(chunk, scores))
+            distributed.align_rows(group, chunks, settings, rows_of, writer, stats, on_chunk)
             if measure is not None:
                 bar.update(measure.total - bar.n)  # the files are read to their end
     except BrokenPipeError:
@@ -432,20 +439,27 @@ def search(
     """Search every query against every database sequence; write the best --top hits of each query as TSV:
     query, target, qlen, tlen, score (queries in input order, hits by descending score, or by ascending
     E-value with --rank evalue), or the --format-output columns."""
-    from swcli import _host
+    from functools import partial
+
+    from swcli import _host, distributed
     from swcli.search import check_inputs, run_search
 
     check_inputs(queries, database)
     columns = _columns(format_output, lambda_, k, alpha, beta, rank)
-    settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
-    _host.load()
-    statistics = _statistics(columns, settings, lambda_, k, alpha, beta, quiet, rank)
+    group = distributed.start((queries, database))  # None unless started by torchrun
+    quiet = quiet or not distributed.is_leader(group)
+    with distributed.phase(group):
+        settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
+        _host.load()
+    distributed.check_engine(group, settings)
+    statistics = _statistics(columns, settings, lambda_, k, alpha, beta, quiet, rank, group)
     formatter = _formatter(columns, settings, statistics)
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
+    run = run_search if group is None else partial(distributed.run_search, group)
     try:
-        run_search(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
-                   progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter,
-                   rank=statistics if rank is Rank.evalue else None)
+        run(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
+            progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter,
+            rank=statistics if rank is Rank.evalue else None)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(141) from None
