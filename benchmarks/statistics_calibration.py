@@ -1,11 +1,13 @@
-"""Karlin-Altschul calibration of swcli's E-values: lambda and K against the published BLOSUM62 11/1
-values, the fraction of unrelated pairs with E <= x, and ranking by E-value against ranking by score in a
-search with planted homologs. CPU or GPU (the engine of --backend); results as a markdown table and JSON.
+"""Karlin-Altschul calibration of swcli's E-values: lambda, K, alpha and beta against the published BLOSUM62
+11/1 values, the fraction of unrelated pairs with E <= x, and ranking by E-value against ranking by score
+in a search with planted homologs. CPU or GPU (the engine of --backend); results as text and JSON.
 
     python3 benchmarks/statistics_calibration.py proteins.fasta [--pairs 100000] [--backend cpu]
 
 - calibration: `--pairs` pairs of two shuffled proteins of the FASTA (no homology), per-pair E-values
-  (database size 1), BLOSUM62 with BLAST's 11/1 (-12/-1), at t = 0 and t = 1;
+  (database size 1), BLOSUM62 with BLAST's 11/1 (-12/-1), at t = 0 and t = 1: swcli's E-values (with
+  the length correction), and for comparison those of lambda and K fitted to the same random pairs
+  without it (E = K m n exp(-lambda S));
 - planted homologs: 20 queries; a database of 2,000 shuffled proteins, and for each query 5 shuffled
   proteins with a mutated piece of it planted inside (40 to 120 residues, 60% to 75% substitutions, 5%
   indels); the planted homologs in each query's top 10 by score and by E-value (which weighs the
@@ -27,7 +29,16 @@ from swcli.batching import Codes, make_batches
 from swcli.scoring import load_matrix
 from swcli import statistics
 
-PUBLISHED = (0.267, 0.041)
+PUBLISHED = (0.267, 0.041, 1.9, -30.0)  # BLAST's lambda, K, alpha, beta for BLOSUM62 11/1
+SHORT = 150  # the calibration is also split at this length of the shorter sequence
+
+
+def uncorrected(settings) -> statistics.KarlinAltschul:
+    """lambda and K fitted to the estimate's random pairs as they are, without a length correction."""
+    scores, query_lengths, target_lengths, _ = statistics.random_scores(settings)
+    step = statistics.lattice_step(settings.matrix, settings.gap_open, settings.gap_extend, settings.temperature)
+    return statistics.KarlinAltschul(*statistics.fit_gumbel(scores + step / 2, query_lengths, target_lengths),
+                                     "uncorrected")
 
 
 def score_pairs(settings, sequences, pairs_a, pairs_b):
@@ -76,8 +87,15 @@ def main():
         index = np.arange(args.pairs)
         scores = score_pairs(settings, shuffled, index, index + args.pairs)
         m, n = np.array([len(s) for s in shuffled[:args.pairs]]), np.array([len(s) for s in shuffled[args.pairs:]])
-        evalues = ka.evalues(scores, m, n)
-        fractions = {str(x): float(np.mean(evalues <= x)) for x in (0.1, 0.01, 0.001)}
+        fractions = {str(x): float(np.mean(ka.evalues(scores, m, n) <= x)) for x in (0.1, 0.01, 0.001)}
+        plain = uncorrected(settings)
+        plain_fractions = {str(x): float(np.mean(plain.evalues(scores, m, n) <= x)) for x in (0.1, 0.01, 0.001)}
+        # where the correction matters: pairs with a sequence shorter than SHORT residues, and the others
+        short = np.minimum(m, n) < SHORT
+        by_length = {name: {kind: {str(x): float(np.mean(law.evalues(scores[part], m[part], n[part]) <= x))
+                                   for x in (0.1, 0.01)}
+                            for kind, law in (("corrected", ka), ("uncorrected", plain))}
+                     for name, part in ((f"shorter than {SHORT}", short), (f"both {SHORT} or longer", ~short))}
         # planted homologs
         queries = [proteins[i] for i in rng.choice(len(proteins), 20, replace=False)]
         database = [rng.permutation(proteins[i]) for i in rng.integers(0, len(proteins), 2000)]
@@ -104,13 +122,25 @@ def main():
             by_evalue = np.argsort(e, kind="stable")[:10]
             found_score += int(np.sum(truth[by_score] == q))
             found_evalue += int(np.sum(truth[by_evalue] == q))
-        results[f"t={t:g}"] = {"lambda": ka.lambda_, "k": ka.k, "estimate_seconds": estimate_seconds,
-                               "fraction_e_at_most": fractions, "planted_in_top10_by_score": found_score,
+        results[f"t={t:g}"] = {"lambda": ka.lambda_, "k": ka.k, "alpha": ka.alpha, "beta": ka.beta,
+                               "estimate_seconds": estimate_seconds, "fraction_e_at_most": fractions,
+                               "uncorrected": {"lambda": plain.lambda_, "k": plain.k,
+                                               "fraction_e_at_most": plain_fractions},
+                               "by_length": {name: {"pairs": int(np.count_nonzero(part)), **by_length[name]}
+                                             for name, part in ((f"shorter than {SHORT}", short),
+                                                                (f"both {SHORT} or longer", ~short))},
+                               "planted_in_top10_by_score": found_score,
                                "planted_in_top10_by_evalue": found_evalue, "planted": 100}
         print(f"t = {t:g}: lambda {ka.lambda_:.4f} ({ka.lambda_ / PUBLISHED[0] - 1:+.1%} of 0.267), K {ka.k:.4f} "
-              f"({ka.k / PUBLISHED[1] - 1:+.1%} of 0.041), estimated in {estimate_seconds:.1f} s")
+              f"({ka.k / PUBLISHED[1] - 1:+.1%} of 0.041), alpha {ka.alpha:.3f} (1.9), beta {ka.beta:.2f} (-30), "
+              f"estimated in {estimate_seconds:.1f} s; uncorrected fit: lambda {plain.lambda_:.4f}, K {plain.k:.4f}")
         for x, f in fractions.items():
-            print(f"  E <= {x}: {f:.5f} of {args.pairs:,} shuffled pairs ({f / float(x):.3f} x)")
+            print(f"  E <= {x}: {f:.5f} of {args.pairs:,} shuffled pairs ({f / float(x):.3f} x); uncorrected "
+                  f"{plain_fractions[x] / float(x):.3f} x")
+        for name, kinds in by_length.items():
+            print(f"  {name} ({results[f't={t:g}']['by_length'][name]['pairs']:,} pairs): " + "; ".join(
+                f"{kind} " + ", ".join(f"E <= {x}: {f / float(x):.3f} x" for x, f in found.items())
+                for kind, found in kinds.items()))
         print(f"  planted homologs in the top 10 of 20 queries (of 100): by score {found_score}, by E-value "
               f"{found_evalue}")
     with open(args.json, "w") as handle:

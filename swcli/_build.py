@@ -33,6 +33,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,6 +267,20 @@ def _remove_stale_torch_lock(build_dir: Path) -> None:
         stale.unlink()
 
 
+def _locked_soon(lock, seconds: float = 1.0) -> bool:
+    """Whether the build lock is ours within `seconds`: a process that loads a cached build holds it for
+    a moment (torchrun's ranks load at once), one that compiles for a minute, which is worth a message."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            continue
+    return False
+
+
 def build(name: str, folder: str, extra_cflags: list[str], extra_ldflags: list[str],
           extra_cuda_cflags: tuple[str, ...] = (), cuda_arch: str = "", what: str = "",
           takes: str = "about a minute") -> Engine:
@@ -302,9 +317,10 @@ def build(name: str, folder: str, extra_cflags: list[str], extra_ldflags: list[s
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"swcli: waiting for another process that is compiling {what}",
-                  file=sys.stderr, flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not _locked_soon(lock):
+                print(f"swcli: waiting for another process that is compiling {what}",
+                      file=sys.stderr, flush=True)
+                fcntl.flock(lock, fcntl.LOCK_EX)
         _remove_stale_torch_lock(build_dir)
         unreadable = None  # why the cached library could not be loaded
         if library.exists():
@@ -377,9 +393,9 @@ def cpu_engine() -> Engine:
 
 @functools.lru_cache(maxsize=None)
 def host_library() -> Engine:
-    """The host pipeline's bulk loops (kernels/host: FASTA scanning, padding rows, TSV rows), plain C
-    functions that swcli._host calls through ctypes."""
-    return build("host", "host", ["-O3"], [], what="the host library", takes="a few seconds")
+    """The host pipeline's bulk loops (kernels/host: FASTA scanning, padding rows, TSV rows, tracebacks),
+    plain C functions that swcli._host calls through ctypes; -march=native for the traceback's vectors."""
+    return build("host", "host", ["-O3", "-march=native"], [], what="the host library", takes="a few seconds")
 
 
 @functools.lru_cache(maxsize=None)

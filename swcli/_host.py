@@ -34,7 +34,7 @@ def _library() -> ctypes.CDLL:
     library.swcli_pad_rows.argtypes = [_POINTER, _POINTER, _POINTER, _SIZE, _SIZE, _POINTER]
     library.swcli_traceback.restype = None
     library.swcli_traceback.argtypes = [_SIZE, *[_POINTER] * 7, _SIZE, ctypes.c_float, ctypes.c_float, _SIZE, _SIZE,
-                                        *[_POINTER] * 6]
+                                        _SIZE, *[_POINTER] * 6]
     library.swcli_cigars.restype = None
     library.swcli_cigars.argtypes = [_SIZE, *[_POINTER] * 5]
     library.swcli_aligned_text.restype = None
@@ -135,10 +135,11 @@ class Tracebacks:
 
 def traceback(query_codes: np.ndarray, query_starts, query_lengths, target_codes: np.ndarray, target_starts,
               target_lengths, matrix: np.ndarray, gap_open: float, gap_extend: float, threads: int,
-              band_rows: int = 0) -> Tracebacks:
+              band_rows: int = 0, integer_sweep: bool = True) -> Tracebacks:
     """Pair k: query_codes[query_starts[k]:][:query_lengths[k]] against the target likewise, under
     `matrix` (K x K) and the gaps (equal: linear), on `threads` threads. band_rows: rows swept again at
-    a time in the walk back (0: the library's choice; tests set it small)."""
+    a time in the walk back (0: the library's choice; tests set it small). integer_sweep False: every
+    pair on the float sweep, which the integer sweep must equal byte for byte (tests)."""
     query_starts, query_lengths = _int64(query_starts), _int64(query_lengths)
     target_starts, target_lengths = _int64(target_starts), _int64(target_lengths)
     pairs = len(query_starts)
@@ -154,7 +155,7 @@ def traceback(query_codes: np.ndarray, query_starts, query_lengths, target_codes
     _library().swcli_traceback(
         pairs, _address(query_codes), _address(query_starts), _address(query_lengths), _address(target_codes),
         _address(target_starts), _address(target_lengths), _address(table), table.shape[0], gap_open, gap_extend,
-        band_rows, max(1, threads), _address(scores), _address(ends), _address(counts), _address(ops),
+        band_rows, int(integer_sweep), max(1, threads), _address(scores), _address(ends), _address(counts), _address(ops),
         _address(op_offsets), _address(op_lengths))
     return Tracebacks(scores, ends, counts, ops, op_offsets[:-1], op_lengths)
 

@@ -43,7 +43,8 @@ def _run(argv: list[str]) -> int:
         return code if isinstance(code, int) else 0
     except usage_error as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-        print(f"swcli: usage error: {exc.format_message()}{hint}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # torchrun's ranks share one command line: rank 0 says it
+            print(f"swcli: usage error: {exc.format_message()}{hint}", file=sys.stderr)
         return 2
     except click_error as exc:
         print(f"swcli: error: {exc.format_message()}", file=sys.stderr)
@@ -52,8 +53,9 @@ def _run(argv: list[str]) -> int:
         print("swcli: interrupted", file=sys.stderr)
         return INTERRUPTED
     except (SwcliError, BuildError) as exc:
-        print(f"swcli: error: {exc}", file=sys.stderr)
-        return 1
+        if getattr(exc, "shown", True):  # distributed.RankFailed: shown by rank 0 alone
+            print(f"swcli: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

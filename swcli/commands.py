@@ -104,6 +104,19 @@ LambdaOpt = Annotated[Optional[float], typer.Option(
          "temperature from random sequences, and cached).")]
 KOpt = Annotated[Optional[float], typer.Option(
     "--k", show_default=False, help="Karlin-Altschul K, with --lambda.")]
+AlphaOpt = Annotated[Optional[float], typer.Option(
+    "--alpha", show_default=False,
+    help="With --lambda and --k: the length correction's alpha, with --beta, in BLAST's units (its table for "
+         "BLOSUM62 11/1: --alpha 1.9 --beta -30): effective lengths m - l, n - l with l the fixed point of "
+         "l = (alpha / lambda) ln(K (m - l)(n - l)) + beta. Without them, given --lambda and --k get no length "
+         "correction; estimated parameters always have one.")]
+BetaOpt = Annotated[Optional[float], typer.Option(
+    "--beta", show_default=False, help="The length correction's beta, with --alpha.")]
+
+
+class Rank(str, Enum):
+    score = "score"
+    evalue = "evalue"
 
 
 def _resolve_backend(backend: Backend) -> str:
@@ -167,39 +180,57 @@ def _settings(matrix: str, unknown_as: Optional[str], gap: Optional[float], temp
                     gap_extend=gaps.gap_extend, **extra)
 
 
-def _columns(format_output: str, lambda_: Optional[float], k: Optional[float]) -> tuple[str, ...]:
-    """--format-output's columns, and --lambda/--k checked against them (usage errors, exit 2)."""
+def _columns(format_output: str, lambda_: Optional[float], k: Optional[float], alpha: Optional[float] = None,
+             beta: Optional[float] = None, rank: Rank = Rank.score) -> tuple[str, ...]:
+    """--format-output's columns, and --lambda/--k/--alpha/--beta checked against them and --rank (usage
+    errors, exit 2)."""
     from swcli.details import STATISTICS_COLUMNS, parse_columns
     from swcli.scoring import _usage_error
 
     columns = parse_columns(format_output)
     if (lambda_ is None) != (k is None):
         raise _usage_error("--lambda and --k go together: give both, or neither to have them estimated")
-    for option, value in (("--lambda", lambda_), ("--k", k)):
+    if (alpha is None) != (beta is None):
+        raise _usage_error("--alpha and --beta go together: give both, or neither for no length correction")
+    if alpha is not None and lambda_ is None:
+        raise _usage_error("--alpha and --beta go with --lambda and --k (estimated parameters have their own)")
+    for option, value in (("--lambda", lambda_), ("--k", k), ("--alpha", alpha)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise typer.BadParameter(f"{value} is not a finite number > 0", param_hint=f"'{option}'")
-    if lambda_ is not None and not STATISTICS_COLUMNS & set(columns):
-        raise _usage_error("--lambda and --k are used only by the evalue and bits columns of --format-output")
+    if beta is not None and not math.isfinite(beta):
+        raise typer.BadParameter(f"{beta} is not a finite number", param_hint="'--beta'")
+    if lambda_ is not None and not STATISTICS_COLUMNS & set(columns) and rank is not Rank.evalue:
+        raise _usage_error("--lambda and --k are used only by the evalue and bits columns of --format-output "
+                           "and by --rank evalue")
     return columns
 
 
-def _formatter(columns: tuple[str, ...], settings, lambda_: Optional[float], k: Optional[float], quiet: bool):
-    """The details' formatter of the columns (None for the default columns: the plain rows are written),
-    with lambda and K (given, cached or estimated now) where evalue or bits are asked for; their values go
-    to stderr unless --quiet."""
-    from swcli.details import DEFAULT_COLUMNS, STATISTICS_COLUMNS, Formatter
+def _statistics(columns: tuple[str, ...], settings, lambda_: Optional[float], k: Optional[float],
+                alpha: Optional[float], beta: Optional[float], quiet: bool, rank: Rank = Rank.score, group=None):
+    """lambda, K and the length correction (given, cached or estimated now, by rank 0 of a distributed
+    group and shared) where the evalue or bits columns or --rank evalue need them, else None; their
+    values go to stderr unless --quiet."""
+    from swcli import distributed
+    from swcli.details import STATISTICS_COLUMNS
+
+    if not STATISTICS_COLUMNS & set(columns) and rank is not Rank.evalue:
+        return None
+    from swcli.statistics import parameters, setting_name
+
+    found = distributed.shared(group, lambda: parameters(settings, lambda_, k, alpha=alpha, beta=beta))
+    if not quiet:
+        typer.echo(f"swcli: Karlin-Altschul {found.describe()} for {setting_name(settings)}", err=True)
+    return found
+
+
+def _formatter(columns: tuple[str, ...], settings, statistics):
+    """The details' formatter of the columns (None for the default columns: the plain rows are written)."""
+    from swcli.details import DEFAULT_COLUMNS, Formatter
 
     if columns == DEFAULT_COLUMNS:
         return None
     import torch
 
-    statistics = None
-    if STATISTICS_COLUMNS & set(columns):
-        from swcli.statistics import parameters, setting_name
-
-        statistics = parameters(settings, lambda_, k)
-        if not quiet:
-            typer.echo(f"swcli: Karlin-Altschul {statistics.describe()} for {setting_name(settings)}", err=True)
     return Formatter(columns, settings, statistics, torch.get_num_threads())
 
 
@@ -290,17 +321,25 @@ def align(
     format_output: FormatOpt = "query,target,qlen,tlen,score",
     lambda_: LambdaOpt = None,
     k: KOpt = None,
+    alpha: AlphaOpt = None,
+    beta: BetaOpt = None,
 ):
     """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order), or the
     --format-output columns."""
-    from swcli import _host
-    from swcli.output import TsvWriter, chunk_rows
-    from swcli.pipeline import Stats, align_chunks
+    from swcli import _host, distributed
+    from swcli.output import chunk_rows
+    from swcli.pipeline import Stats
 
-    columns = _columns(format_output, lambda_, k)
-    settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend, chunk_size=chunk_size)
-    _host.load()
-    formatter = _formatter(columns, settings, lambda_, k, quiet)
+    columns = _columns(format_output, lambda_, k, alpha, beta)
+    group = distributed.start((queries, targets))  # None unless started by torchrun
+    quiet = quiet or not distributed.is_leader(group)
+    with distributed.phase(group):
+        settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend,
+                             chunk_size=chunk_size)
+        _host.load()
+    distributed.check_engine(group, settings)
+    formatter = _formatter(columns, settings,
+                           _statistics(columns, settings, lambda_, k, alpha, beta, quiet, group=group))
     if formatter is not None:
         from swcli.details import chunk_detail_rows
 
@@ -317,14 +356,13 @@ def align(
     else:
         bar = _progress_bar(quiet, "pair")
     try:
-        with bar, TsvWriter(output, header, columns) as writer:
+        with bar, distributed.writer(group, output, header, columns) as writer:
             def on_chunk(s: Stats) -> None:
                 bar.update((measure.done() if measure is not None else s.pairs) - bar.n)
                 bar.set_postfix_str(f"{s.pairs:,} pairs, {s.cells / max(s.seconds, 1e-9) / 1e9:.2f} GCUPS",
                                     refresh=False)
 
-            for chunk, scores in align_chunks(chunks, settings, stats, on_chunk):
-                writer.write_bytes(rows_of(chunk, scores))
+            distributed.align_rows(group, chunks, settings, rows_of, writer, stats, on_chunk)
             if measure is not None:
                 bar.update(measure.total - bar.n)  # the files are read to their end
     except BrokenPipeError:
@@ -389,22 +427,39 @@ def search(
     format_output: FormatOpt = "query,target,qlen,tlen,score",
     lambda_: LambdaOpt = None,
     k: KOpt = None,
+    alpha: AlphaOpt = None,
+    beta: BetaOpt = None,
+    rank: Annotated[Rank, typer.Option(
+        "--rank", help="Which hits to keep and in what order: score (descending; ties by database order) or "
+                       "evalue (ascending, exactly over the whole database; then by score, then database order). "
+                       "The E-value weighs the target's length: a shorter target can have the smaller E-value "
+                       "at a lower score. evalue needs lambda and K (estimated once per setting, or --lambda "
+                       "and --k).")] = Rank.score,
 ):
     """Search every query against every database sequence; write the best --top hits of each query as TSV:
-    query, target, qlen, tlen, score (queries in input order, hits by descending score), or the
-    --format-output columns."""
-    from swcli import _host
+    query, target, qlen, tlen, score (queries in input order, hits by descending score, or by ascending
+    E-value with --rank evalue), or the --format-output columns."""
+    from functools import partial
+
+    from swcli import _host, distributed
     from swcli.search import check_inputs, run_search
 
     check_inputs(queries, database)
-    columns = _columns(format_output, lambda_, k)
-    settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
-    _host.load()
-    formatter = _formatter(columns, settings, lambda_, k, quiet)
+    columns = _columns(format_output, lambda_, k, alpha, beta, rank)
+    group = distributed.start((queries, database))  # None unless started by torchrun
+    quiet = quiet or not distributed.is_leader(group)
+    with distributed.phase(group):
+        settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
+        _host.load()
+    distributed.check_engine(group, settings)
+    statistics = _statistics(columns, settings, lambda_, k, alpha, beta, quiet, rank, group)
+    formatter = _formatter(columns, settings, statistics)
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
+    run = run_search if group is None else partial(distributed.run_search, group)
     try:
-        run_search(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
-                   progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter)
+        run(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
+            progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter,
+            rank=statistics if rank is Rank.evalue else None)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(141) from None

@@ -13,6 +13,7 @@ cell of largest score in row-major order, walked back with the engines' tie rule
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,8 @@ class Rows:
     """The pairs of rows to write, in columns. Ids: flat UTF-8 bytes with offsets, and the entry of each
     row. Codes: flat uint8 codes into the matrix, row k's sequence at codes[starts[k]:][:lengths[k]].
     searched: how many sequences each query was compared with (1 for align's pairs, the database's
-    sequences for a search), the E-value's multiplier."""
+    sequences for a search), the E-value's multiplier. evalues: the E-values a search ranked by, which
+    the evalue column prints as they are."""
 
     query_ids: np.ndarray
     query_id_offsets: np.ndarray
@@ -87,6 +89,7 @@ class Rows:
     target_lengths: np.ndarray
     scores: np.ndarray  # float32
     searched: int = 1
+    evalues: np.ndarray | None = None  # float64, where a search ranked by E-value computed them
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -133,7 +136,8 @@ class Formatter:
         if name == "score":
             return Column(SCORE, rows.scores)
         if name == "evalue":
-            values = self.statistics.evalues(rows.scores, rows.query_lengths, rows.target_lengths, rows.searched)
+            values = rows.evalues if rows.evalues is not None else self.statistics.evalues(
+                rows.scores, rows.query_lengths, rows.target_lengths, rows.searched)
             return Column(GENERAL, values, precision=3)
         if name == "bits":
             return Column(FIXED, self.statistics.bits(rows.scores), precision=1)
@@ -208,5 +212,42 @@ def hit_detail_rows(formatter: Formatter, query, query_codes: bytes, hits, db, p
     rows = Rows(query_ids, query_id_offsets, np.zeros(count, dtype=np.int64), target_ids, target_id_offsets,
                 np.arange(count, dtype=np.int64), codes, np.zeros(count, dtype=np.int64),
                 np.full(count, len(query_codes), dtype=np.int64), np.asarray(db.codes), db.offsets[positions],
-                db.lengths[positions], hits.scores.numpy().astype(np.float32), searched=len(db))
+                db.lengths[positions], hits.scores.numpy().astype(np.float32), searched=len(db), evalues=hits.evalues)
     return formatter.rows(rows)
+
+
+class InOrder:
+    """Rows formatted in a worker thread while the caller goes on, handed back in the order queued.
+
+    A search queues each query's rows here and launches the next query's scoring at once, so the device
+    is never idle while the host computes tracebacks (the traceback releases the GIL and runs on its own
+    threads). At most `depth` results wait, so memory stays bounded; waits go through pipeline.wait_for,
+    so a signal is honoured, and the calls count as engine calls in progress (cli.main then does not
+    wait for one at exit)."""
+
+    def __init__(self, depth: int = 4):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-details")
+        self.pending = deque()
+        self.depth = depth
+
+    def put(self, function, *args) -> list[bytes]:
+        """Queue function(*args); returns the oldest results that must now be taken to stay within depth."""
+        from swcli.pipeline import counted_call, wait_for
+
+        self.pending.append(self.pool.submit(counted_call, function, *args))
+        return [wait_for(self.pending.popleft()) for _ in range(len(self.pending) - self.depth)]
+
+    def drain(self) -> list[bytes]:
+        """Every result still queued, in order."""
+        from swcli.pipeline import wait_for
+
+        done = []
+        while self.pending:
+            done.append(wait_for(self.pending.popleft()))
+        return done
+
+    def close(self, finished: bool) -> None:
+        """Stop the worker: after a complete run, once idle; after an error or a signal, without waiting."""
+        self.pool.shutdown(wait=finished, cancel_futures=True)

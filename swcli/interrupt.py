@@ -27,6 +27,7 @@ _received: int | None = None  # the first signal, once one arrived
 _depth = 0  # how many protected() sections the main thread is in
 _temporaries: list[str] = []  # removed before the process ends on a signal
 _bar_shown = False  # a progress bar may hold the terminal's line: start the message on a new one
+_message_shown = True  # off on the ranks of a distributed run but rank 0, which speaks for the run
 
 
 def install() -> dict | None:
@@ -82,7 +83,8 @@ def exit_now() -> None:
         pass
     message = b"swcli: interrupted\n"
     try:
-        os.write(2, (b"\n" if _bar_shown else b"") + message)
+        if _message_shown:
+            os.write(2, (b"\n" if _bar_shown else b"") + message)
     except OSError:
         pass
     os._exit(STATUS)
@@ -109,6 +111,11 @@ def unregister_temporary(path: str) -> None:
 def set_bar_shown(shown: bool) -> None:
     global _bar_shown
     _bar_shown = shown
+
+
+def set_message_shown(shown: bool) -> None:
+    global _message_shown
+    _message_shown = shown
 
 
 class protected:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -182,7 +183,7 @@ def align_chunks(chunks: Iterable[PairChunk], settings: Settings, stats: Stats |
     stats = stats if stats is not None else Stats()
     matrix = settings.matrix.tensor(device=settings.device)
     codes = _CodesOnDevice(settings)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-score")
+    pool = scoring_pool(settings.device, "swcli-score")
     finished = False
     try:
         previous = None
@@ -197,6 +198,16 @@ def align_chunks(chunks: Iterable[PairChunk], settings: Settings, stats: Stats |
         finished = True
     finally:
         pool.shutdown(wait=finished, cancel_futures=True)
+
+
+def scoring_pool(device: torch.device, name: str) -> ThreadPoolExecutor:
+    """The one worker thread of the engine calls, on this thread's GPU where the device is CUDA: the
+    current CUDA device is a thread's own, and a new thread's is GPU 0, which a distributed rank on
+    another GPU (distributed.py) must not touch (its CUDA events, streams and pinned buffers)."""
+    setup = None
+    if device.type == "cuda":
+        setup = partial(torch.cuda.set_device, torch.cuda.current_device())
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=setup)
 
 
 _running = 0  # engine calls in progress in scoring threads

@@ -11,7 +11,9 @@ int64 key that orders by score, then by earlier sequence (`score_keys`), so torc
 exactly the hits that a stable sort by database order and then by score would, without sorting a block.
 
 On CUDA the host never waits for the device inside a query: query i + 1's blocks are queued before the
-results of query i are read (`Searcher.step`), so the device goes from one query to the next.
+results of query i are read (`Searcher.step`), so the device goes from one query to the next. The hits'
+details (--format-output) are computed in a worker thread (details.InOrder) while the next queries are
+scored.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ LOW = (1 << 32) - 1  # a key's low 32 bits: LOW - database order, so the earlier
 class Block:
     codes: torch.Tensor  # (n, width) uint8, padded with 0
     lengths: torch.Tensor  # (n,) int64
-    tiebreak: torch.Tensor  # (n,) int64: LOW - database order of each row, the low half of its key
+    tiebreak: torch.Tensor  # (owned rows,) int64: LOW - database order of each row, the low half of its key
+    owned: slice | None = None  # a shard's rows of the block (the others have length 0); None: every row
 
     @property
     def nbytes(self) -> int:
@@ -48,8 +51,9 @@ class Block:
 
 @dataclass(frozen=True)
 class Hits:
-    scores: torch.Tensor  # (k,) float32, descending
+    scores: torch.Tensor  # (k,) float32, descending (or by E-value, with evalues)
     targets: torch.Tensor  # (k,) int64 database order
+    evalues: np.ndarray | None = None  # (k,) float64, ascending: hits ranked by E-value
 
 
 @dataclass
@@ -97,11 +101,13 @@ def score_keys(scores: torch.Tensor, tiebreak: torch.Tensor) -> torch.Tensor:
     return torch.add(tiebreak, ordered, alpha=1 << 32)  # one kernel, in int64
 
 
-def hits_of(keys: torch.Tensor) -> Hits:
-    """The scores and database orders packed in keys (score_keys' inverse)."""
+def hits_of(keys: torch.Tensor, ranks: torch.Tensor | None = None) -> Hits:
+    """The scores and database orders packed in keys (score_keys' inverse); ranked by E-value, with the
+    E-values exp(-R) of the keys' R (statistics.EvalueRanking)."""
     ordered = (keys >> 32).to(torch.int32)
     bits = ordered ^ ((ordered >> 31) & 0x7FFFFFFF)
-    return Hits(bits.view(torch.float32), LOW - (keys & LOW))
+    evalues = np.exp(-ranks.cpu().numpy()) if ranks is not None else None
+    return Hits(bits.view(torch.float32), LOW - (keys & LOW), evalues)
 
 
 def top_keys(keys: torch.Tensor, top: int) -> torch.Tensor:
@@ -152,19 +158,28 @@ def _to(tensor: torch.Tensor, device) -> torch.Tensor:
 
 
 def make_block(database: Database, start: int, stop: int, device, flat: torch.Tensor | None = None,
-               lengths: np.ndarray | None = None) -> Block:
+               lengths: np.ndarray | None = None, owned: tuple[int, int] | None = None) -> Block:
     """Sequences start..stop-1 of the length order, padded on `device` from their flat codes: `flat`,
-    the whole database's codes already there, or else this block's residues, copied now."""
+    the whole database's codes already there, or else this block's residues, copied now.
+
+    owned: a shard's part [first, last) of the block (distributed.py): the block keeps its shape and its
+    other rows get length 0, so that the engine call is the one a single process makes (the CUDA engine
+    chooses its lanes by the batch's size) and the owned rows' scores are the same, bit for bit."""
+    first, last = owned if owned is not None else (start, stop)
     lengths = (database.lengths if lengths is None else lengths)[start:stop]
-    begin, end = int(database.offsets[start]), int(database.offsets[stop])
+    width = int(lengths[0]) if len(lengths) else 0  # longest first
+    if owned is not None:
+        lengths = lengths.copy()
+        lengths[:first - start], lengths[last - start:] = 0, 0
+    begin, end = int(database.offsets[first]), int(database.offsets[last])
     residues = flat[begin:end] if flat is not None else _to(_tensor(np.asarray(database.codes[begin:end])), device)
     block_lengths = _to(torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), device)
-    tiebreak = _to(torch.from_numpy(LOW - np.asarray(database.index[start:stop], dtype=np.int64)), device)
-    width = int(lengths[0]) if len(lengths) else 0  # longest first
+    tiebreak = _to(torch.from_numpy(LOW - np.asarray(database.index[first:last], dtype=np.int64)), device)
     inside = torch.arange(width, device=residues.device) < block_lengths[:, None]
     # row-major, the cells inside the lengths are the block's residues in order: one masked scatter
     codes = torch.zeros((stop - start, width), dtype=torch.uint8, device=residues.device)
-    return Block(codes.masked_scatter_(inside, residues), block_lengths, tiebreak)
+    rows = slice(first - start, last - start) if owned is not None else None
+    return Block(codes.masked_scatter_(inside, residues), block_lengths, tiebreak, rows)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,6 +234,12 @@ class Pending:
     seconds: float = 0.0
     query: torch.Tensor | None = None
     exact: list = field(default_factory=list)  # (block, scores (n,) int32, overflow count (1,))
+    table: torch.Tensor | None = None  # ranked by E-value: the query's table (statistics.EvalueRanking)
+    ranks: torch.Tensor | None = None  # and the keys' R
+
+    def kernel_seconds(self) -> float:
+        """The seconds of the scoring calls (on CUDA, once the query's work is done)."""
+        return self.seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1e3
 
 
 class Searcher:
@@ -226,8 +247,12 @@ class Searcher:
 
     def __init__(self, database: Database, matrix: torch.Tensor, gap: float | None, temperature: float, top: int,
                  backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 *, gap_open: float | None = None, gap_extend: float | None = None):
-        """gap: the linear gap score; or gap_open with gap_extend, affine gaps (gap is then not used)."""
+                 *, gap_open: float | None = None, gap_extend: float | None = None, rank=None,
+                 rows: tuple[int, int] | None = None):
+        """gap: the linear gap score; or gap_open with gap_extend, affine gaps (gap is then not used).
+        rank: a statistics.KarlinAltschul to keep the best hits by E-value (None: by score). rows: a shard
+        [first, last) of the length order (distributed.py), scored in the blocks of the whole database,
+        cut to it (make_block's owned); None: every sequence."""
         if top < 1:
             raise ValueError(f"top must be at least 1, got {top}")
         if len(database) > LOW + 1:
@@ -246,12 +271,23 @@ class Searcher:
                              "(the prepared database does not match it)")
         self.lengths = database.lengths
         self.bounds = block_bounds(database, max_cells)
+        self.owned = [None] * len(self.bounds)
+        if rows is not None:
+            first, last = rows
+            kept = [(start, stop) for start, stop in self.bounds if start < last and stop > first]
+            self.bounds, self.owned = kept, [(max(start, first), min(stop, last)) for start, stop in kept]
+        self.ranking = None
+        if rank is not None:
+            from swcli.statistics import EvalueRanking
+
+            scored = [owned or bounds for bounds, owned in zip(self.bounds, self.owned)]  # the rows with candidates
+            self.ranking = EvalueRanking(rank, self.lengths, scored, len(database), self.device)
         padded = sum((stop - start) * int(self.lengths[start]) for start, stop in self.bounds)
         self.resident = None
         if padded <= max_bytes:
             flat = _tensor(np.asarray(database.codes)).to(self.device)  # the residues, once: a plain copy
-            self.resident = [make_block(database, start, stop, self.device, flat, self.lengths)
-                             for start, stop in self.bounds]
+            self.resident = [make_block(database, start, stop, self.device, flat, self.lengths, owned)
+                             for (start, stop), owned in zip(self.bounds, self.owned)]
 
     @property
     def device_bytes(self) -> int:
@@ -261,8 +297,8 @@ class Searcher:
     def blocks(self) -> Iterator[Block]:
         if self.resident is not None:
             return iter(self.resident)
-        return (make_block(self.database, start, stop, self.device, lengths=self.lengths)
-                for start, stop in self.bounds)
+        return (make_block(self.database, start, stop, self.device, lengths=self.lengths, owned=owned)
+                for (start, stop), owned in zip(self.bounds, self.owned))
 
     def launch(self, codes: bytes) -> Pending:
         """Queue one query (its codes) against every block and the choice of its best keys. On CUDA it
@@ -270,7 +306,9 @@ class Searcher:
         query = torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else torch.zeros(0, dtype=torch.uint8)
         query = _to(query, self.device)
         pending, candidates = Pending(None), []
-        for block in self.blocks():
+        if self.ranking is not None:
+            pending.table = _to(torch.from_numpy(self.ranking.table(len(codes))), self.device)
+        for index, block in enumerate(self.blocks()):
             rows = block.codes.shape[0]
             if self.on_gpu:
                 started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -289,12 +327,27 @@ class Searcher:
                 pending.events.append((started, finished))
             else:
                 pending.seconds += time.perf_counter() - began
-            keys = score_keys(scores, block.tiebreak)
-            candidates.append(top_keys(keys, self.top) if rows > self.top else keys)
-        if candidates:
-            pending.keys = top_keys(torch.cat(candidates), self.top)
+            candidates.append(self.candidates(pending, index, block, scores))
+        self.choose(pending, candidates)
         pending.query = query
         return pending
+
+    def candidates(self, pending: Pending, index: int, block: Block, scores: torch.Tensor):
+        """A block's best keys by score, or its best (R, keys) by E-value (of a shard's rows alone)."""
+        if block.owned is not None:
+            scores = scores[block.owned]
+        keys = score_keys(scores, block.tiebreak)
+        if pending.table is not None:
+            return self.ranking.best(self.ranking.ranks(pending.table, scores, index), keys, self.top)
+        return top_keys(keys, self.top) if len(keys) > self.top else keys
+
+    def choose(self, pending: Pending, candidates: list) -> None:
+        """The query's best keys (and R, by E-value) from its blocks' candidates."""
+        if candidates and pending.table is not None:
+            ranks, keys = zip(*candidates)
+            pending.ranks, pending.keys = self.ranking.best(torch.cat(ranks), torch.cat(keys), self.top)
+        elif candidates:
+            pending.keys = top_keys(torch.cat(candidates), self.top)
 
     def rescore_overflows(self, pending: Pending) -> None:
         """Score the pairs the 16-bit kernel could not hold again in float32 (exact for integers below
@@ -303,16 +356,15 @@ class Searcher:
         if not pending.exact or int(torch.cat([count for _, _, count in pending.exact]).sum()) == 0:
             return
         candidates = []
-        for block, exact, _ in pending.exact:
+        for index, (block, exact, _) in enumerate(pending.exact):  # one entry per block, in order
             scores = exact.float()
             wide = (exact < 0).nonzero().flatten()
             if len(wide):
                 scores[wide] = score_checked_codes(
                     pending.query.expand(len(wide), -1), block.codes[wide], self.matrix, self.gap, 0.0, None,
                     block.lengths[wide], self.backend, **self.affine)
-            keys = score_keys(scores, block.tiebreak)
-            candidates.append(top_keys(keys, self.top) if len(keys) > self.top else keys)
-        pending.keys = top_keys(torch.cat(candidates), self.top)
+            candidates.append(self.candidates(pending, index, block, scores))
+        self.choose(pending, candidates)
 
     def finish(self, pending: Pending) -> tuple[Hits, float]:
         """A launched query's hits on the host, and the seconds of its scoring calls: the one wait for
@@ -321,8 +373,7 @@ class Searcher:
             return Hits(torch.zeros(0), torch.zeros(0, dtype=torch.int64)), pending.seconds
         self.rescore_overflows(pending)
         keys = pending.keys.cpu()  # waits for the query's work
-        seconds = pending.seconds + sum(start.elapsed_time(end) for start, end in pending.events) / 1e3
-        return hits_of(keys), seconds
+        return hits_of(keys, pending.ranks), pending.kernel_seconds()
 
     def step(self, codes: bytes | None, pending: Pending | None) -> tuple[Pending | None, tuple[Hits, float] | None]:
         """Launch the next query (codes, or None at the end), then finish the one before (pending):
@@ -338,11 +389,11 @@ class Searcher:
 def search(query_codes: Iterable[bytes], database: Database, matrix: torch.Tensor, gap: float | None,
            temperature: float, top: int, backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS,
            max_bytes: int = DEFAULT_MAX_BYTES, *, gap_open: float | None = None,
-           gap_extend: float | None = None) -> Iterator[Hits]:
-    """The best `top` hits of each query (codes into `matrix`, on `device`), in query order; gaps as
-    Searcher's."""
+           gap_extend: float | None = None, rank=None) -> Iterator[Hits]:
+    """The best `top` hits of each query (codes into `matrix`, on `device`), in query order; gaps and
+    rank as Searcher's."""
     searcher = Searcher(database, matrix, gap, temperature, top, backend, device, max_cells, max_bytes,
-                        gap_open=gap_open, gap_extend=gap_extend)
+                        gap_open=gap_open, gap_extend=gap_extend, rank=rank)
     pending = None
     for codes in chain(query_codes, [None]):  # None: finish the last query
         pending, done = searcher.step(codes, pending)
@@ -362,32 +413,70 @@ def open_database(path: str, matrix) -> Database:
     return database.build_from_blocks(read_blocks(path), matrix, display_name(path))
 
 
+class HitRows:
+    """The TSV rows of each query's hits against db, in query order: (query, target, qlen, tlen, score)
+    tuples, or with a details.Formatter its columns (bytes), formatted in a worker thread while the next
+    queries are scored (details.InOrder)."""
+
+    def __init__(self, db: Database, formatter=None):
+        self.db, self.formatter = db, formatter
+        self.length_of = np.empty(len(db), dtype=np.int64)
+        self.length_of[db.index] = db.lengths
+        self.position_of = self.background = None  # the length order of each database sequence, for the details
+        if formatter is not None:
+            from swcli.details import InOrder
+
+            self.position_of = np.empty(len(db), dtype=np.int64)
+            self.position_of[db.index] = np.arange(len(db))
+            self.background = InOrder()
+
+    def put(self, query, codes: bytes, found: Hits) -> list:
+        """Queue one query's hits; returns the rows to write now (of this query, or the oldest queued)."""
+        if self.background is not None:
+            from swcli.details import hit_detail_rows
+
+            return self.background.put(hit_detail_rows, self.formatter, query, codes, found, self.db,
+                                       self.position_of)
+        return [[(query.id, self.db.ids[target], len(query.sequence), int(self.length_of[target]), score)
+                 for score, target in zip(found.scores.tolist(), found.targets.tolist())]]
+
+    def drain(self) -> list:
+        """The rows still queued, in order."""
+        return self.background.drain() if self.background is not None else []
+
+    def close(self, finished: bool) -> None:
+        if self.background is not None:
+            self.background.close(finished)
+
+
+def write_hits(writer, rows) -> None:
+    """Write HitRows' rows of one query: tuples, or formatted bytes."""
+    if isinstance(rows, bytes):
+        writer.write_bytes(rows)
+    else:
+        writer.write_rows(rows)
+
+
 def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: int,
-                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None, formatter=None):
+                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None, formatter=None, rank=None):
     """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order; with
     a details.Formatter, each query's rows of its columns, formatted (bytes).
 
     queries: FASTA records, and query_codes their codes (the caller encodes them, checking every letter,
     before any output); settings: the pipeline's Settings (matrix, gaps, temperature, backend). The
     scoring runs in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
-    honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from swcli.pipeline import counted_call, wait_for
+    honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time. rank:
+    a statistics.KarlinAltschul to keep and write the hits by E-value (None: by score)."""
+    from swcli.pipeline import counted_call, scoring_pool, wait_for
 
     stats = stats if stats is not None else SearchStats()
-    length_of = np.empty(len(db), dtype=np.int64)
-    length_of[db.index] = db.lengths
-    position_of = None  # the length order of each database sequence, for the details of hits
-    if formatter is not None:
-        position_of = np.empty(len(db), dtype=np.int64)
-        position_of[db.index] = np.arange(len(db))
+    rows_of = HitRows(db, formatter)
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
                         settings.device, max_bytes=max_bytes, gap_open=settings.gap_open,
-                        gap_extend=settings.gap_extend)
+                        gap_extend=settings.gap_extend, rank=rank)
     stats.sequences, stats.residues = len(db), db.residues
     stats.host_bytes, stats.device_bytes, stats.resident = db.nbytes, searcher.device_bytes, searcher.resident is not None
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swcli-search")
+    pool = scoring_pool(searcher.device, "swcli-search")
     finished = False
     try:
         queries, pending = list(queries), None
@@ -400,16 +489,12 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
             stats.queries += 1
             stats.cells += len(query.sequence) * db.residues
             stats.kernel_seconds += seconds
-            if formatter is not None:
-                from swcli.details import hit_detail_rows
-
-                yield hit_detail_rows(formatter, query, query_codes[k - 1], found, db, position_of)
-                continue
-            yield [(query.id, db.ids[target], len(query.sequence), int(length_of[target]), score)
-                   for score, target in zip(found.scores.tolist(), found.targets.tolist())]
+            yield from rows_of.put(query, query_codes[k - 1], found)
+        yield from rows_of.drain()
         finished = True
     finally:
         pool.shutdown(wait=finished, cancel_futures=True)
+        rows_of.close(finished)
 
 
 def check_inputs(queries: str, database: str) -> None:
@@ -417,33 +502,37 @@ def check_inputs(queries: str, database: str) -> None:
         raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and DATABASE as -")
 
 
+def read_inputs(queries: str, database: str, settings) -> tuple[list, list[bytes], Database]:
+    """The query records and their codes (every letter checked, before any output), and the database."""
+    from swcli.fasta import read_fasta
+
+    records = list(read_fasta(queries))  # the queries are few: all checked before any output
+    codes = [settings.matrix.encode(record.sequence, record.where) for record in records]
+    return records, codes, open_database(database, settings.matrix)
+
+
 def run_search(queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
                header: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, progress=None,
-               formatter=None) -> SearchStats:
+               formatter=None, rank=None) -> SearchStats:
     """`swcli search` as a function: read and check the queries, open the database (a FASTA file or a
     makedb folder), search, write the TSV to `output` (None: stdout). settings: the pipeline's Settings,
     its engine already loaded, so that start-up stays out of the returned SearchStats (seconds run from
     the queries' reading to the output's completion). progress(total), if given, makes the bar.
-    formatter: a details.Formatter for other columns than the default ones (computed for the hits only)."""
+    formatter: a details.Formatter for other columns than the default ones (computed for the hits only);
+    rank: a statistics.KarlinAltschul to keep and write each query's hits by E-value (None: by score)."""
     from contextlib import nullcontext
 
-    from swcli.fasta import read_fasta
     from swcli.output import COLUMNS, TsvWriter
 
     check_inputs(queries, database)
     stats = SearchStats()
-    records = list(read_fasta(queries))  # the queries are few: all checked before any output
-    codes = [settings.matrix.encode(record.sequence, record.where) for record in records]
+    records, codes, db = read_inputs(queries, database, settings)
     stats.total = len(records)
-    db = open_database(database, settings.matrix)
     interrupt.check()
     columns = formatter.columns if formatter is not None else COLUMNS
     with (progress(len(records)) if progress else nullcontext()) as bar, TsvWriter(output, header, columns) as writer:
-        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats, formatter):
-            if formatter is None:
-                writer.write_rows(rows)
-            else:
-                writer.write_bytes(rows)
+        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats, formatter, rank):
+            write_hits(writer, rows)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix_str(f"{stats.gcups:.2f} GCUPS", refresh=False)

@@ -1,22 +1,39 @@
-"""Karlin-Altschul statistics: E-values and bit scores, with lambda and K estimated for each setting.
+"""Karlin-Altschul statistics: E-values and bit scores, with lambda, K and the length correction estimated
+for each setting.
 
-    E = searched x K m n exp(-lambda S)        bits = (lambda S - ln K) / ln 2
+    E = searched x K m' n' exp(-lambda S)        bits = (lambda S - ln K) / ln 2
 
-m and n are the query's and the target's lengths and `searched` the number of sequences the query was
-compared with (1 for a pair of `align`, the database's sequences for `search`: as SSEARCH, the expected
-number of unrelated sequences of that length that score S or more).
+m' and n' are the query's and the target's effective lengths and `searched` the number of sequences the
+query was compared with (1 for a pair of `align`, the database's sequences for `search`: as SSEARCH, the
+expected number of unrelated sequences of that length that score S or more).
 
-Published lambda and K cover a few hard affine settings; none cover linear gaps or soft scores. So the
-program estimates them, once per (matrix, gaps, temperature), and caches them on disk: it scores
-ESTIMATION_PAIRS pairs of random sequences drawn from the matrix's background frequencies, with lengths
-log-uniform in LENGTHS, and fits the Gumbel law P(S >= s) = 1 - exp(-K m n exp(-lambda s)) to them by
-maximum likelihood (K in closed form for each lambda, lambda by golden-section search on the profile
-likelihood). Scores on a lattice (t = 0, integer matrix and gaps) are fitted at the middle of their
-step: P(S >= s) for an integer s is then the fitted law at s.
+**Length correction.** An alignment cannot start near the end of a sequence, so the lengths are cut
+by the expected length l of an alignment that scores about ln(K m n) / lambda: m' = m - l, n' = n - l,
+with l BLAST's length adjustment (BLAST_ComputeLengthAdjustment, for one pair): the fixed point of
 
-The lengths absorb the edge effect in the fit, and no separate length correction is applied: over
-100 to 2,000 residues the likelihood hardly changes with an Altschul-Gish correction of any size
-(docs/benchmarks/statistics.md), while such a correction moved K far from the published value.
+    l = (alpha / lambda) ln(K (m - l) (n - l)) + beta,     0 <= l,  K (m - l) (n - l) >= max(m, n)
+
+(not rounded down to a whole number as BLAST does). alpha / lambda and beta are what BLAST tabulates
+for its gapped settings (1 / H and 0 without gaps: l = ln(K m n) / H with H the relative entropy);
+here they are the least-squares line of the optimal alignments' lengths (mean of the query's and the
+target's extent) against their scores in nats (lambda S), over the random pairs' alignments. A search
+corrects each target's length by its own l, where BLAST cuts the database's total length by one l
+computed from it, since swcli's E-value is per target. Without alpha and beta (--lambda and --k given
+alone) no correction is made: m' = m, n' = n.
+
+**Estimation.** Published lambda and K cover a few hard affine settings; none cover linear gaps or soft
+scores. So the program estimates them, once per (matrix, gaps, temperature), and caches them on disk: it
+scores ESTIMATION_PAIRS pairs of random sequences, with lengths log-uniform in LENGTHS, each sequence's
+letters drawn from its own composition, a Dirichlet draw of concentration COMPOSITION_CONCENTRATION
+around the matrix's background frequencies (real proteins' compositions spread so: about 90 to 140 for
+the sets of docs/benchmarks/statistics.md; at a fixed composition, unrelated real proteins score above
+the law fitted to random ones). It fits the Gumbel law P(S >= s) = 1 - exp(-K m' n' exp(-lambda s)) to
+them by maximum likelihood (K in closed form for each lambda, lambda by golden-section search on the
+profile likelihood), the effective lengths from alpha and beta fitted to the hard alignments of the
+first CORRECTION_PAIRS pairs (kernels/host/traceback.cpp), refitting both in turn until they settle.
+Scores on a lattice (t = 0, integer matrix and gaps) are fitted at the middle of their step: P(S >= s)
+for an integer s is then the fitted law at s. For BLOSUM62 with BLAST's 11/1 this gives lambda 0.267,
+K 0.038, alpha 1.96, beta -34 (BLAST's table: 0.267, 0.041, 1.9, -30).
 
 Some settings are not in the local regime at all: under BLOSUM62 with a linear gap of -4, the best
 scores of unrelated sequences grow in proportion to their length, not its logarithm, and no lambda and K
@@ -40,9 +57,12 @@ import numpy as np
 from swcli.errors import SwcliError
 
 ESTIMATION_PAIRS = 10_000
+CORRECTION_PAIRS = 2_000  # of them, aligned for the length correction's alpha and beta
 LENGTHS = (100, 2000)
 SEED = 0
-METHOD = "gumbel-ml-1"  # part of the cache key: a change of method estimates again
+COMPOSITION_CONCENTRATION = 100.0
+METHOD = "gumbel-ml-2"  # part of the cache key: a change of method estimates again
+REFITS = 8  # rounds of (alpha, beta) then (lambda, K): they settle within 3
 EULER_GAMMA = 0.5772156649015329
 # The 20 amino acids' background frequencies of BLAST (Robinson & Robinson, 1991), for protein matrices.
 ROBINSON_FREQUENCIES = {
@@ -52,22 +72,101 @@ ROBINSON_FREQUENCIES = {
 }
 
 
+def effective_lengths(query_lengths, target_lengths, k: float, alpha_lambda: float, beta: float):
+    """m - l and n - l for BLAST's length adjustment l of each pair (the module's docstring): bisection
+    on the fixed point (the right side falls as l grows), within [0, l_max] where l_max is the largest l
+    with K (m - l)(n - l) >= max(m, n) (0 where even l = 0 fails that)."""
+    m = np.asarray(query_lengths, dtype=np.float64)
+    n = np.asarray(target_lengths, dtype=np.float64)
+    m, n = np.broadcast_arrays(m, n)
+    c = m * n - np.maximum(m, n) / k  # l_max: the smaller root of l^2 - (m + n) l + c
+    with np.errstate(invalid="ignore", divide="ignore"):
+        high = np.where(c > 0, 2 * c / ((m + n) + np.sqrt(np.maximum((m + n) ** 2 - 4 * c, 0.0))), 0.0)
+        low = np.zeros_like(high)
+        for _ in range(60):  # 2^-60 of l_max: exact to float64
+            middle = (low + high) / 2
+            below = alpha_lambda * np.log(k * (m - middle) * (n - middle)) + beta >= middle
+            low, high = np.where(below, middle, low), np.where(below, high, middle)
+    return m - low, n - low
+
+
 @dataclass(frozen=True)
 class KarlinAltschul:
     lambda_: float
     k: float
     source: str  # how they were obtained, for the report line
+    alpha: float | None = None  # the length correction's alpha and beta (BLAST's units); None: no correction
+    beta: float | None = None
+
+    @property
+    def corrected(self) -> bool:
+        return self.alpha is not None
+
+    def lengths(self, query_lengths, target_lengths) -> tuple[np.ndarray, np.ndarray]:
+        """The effective lengths m' and n' (the lengths themselves without a correction)."""
+        if not self.corrected:
+            m, n = np.broadcast_arrays(np.asarray(query_lengths, dtype=np.float64),
+                                       np.asarray(target_lengths, dtype=np.float64))
+            return m, n
+        return effective_lengths(query_lengths, target_lengths, self.k, self.alpha / self.lambda_, self.beta)
+
+    def log_space(self, query_lengths, target_lengths, searched: int = 1) -> np.ndarray:
+        """ln(searched K m' n'): the E-value is exp(log_space - lambda S) (-inf for a length 0: E = 0)."""
+        m, n = self.lengths(query_lengths, target_lengths)
+        with np.errstate(divide="ignore"):
+            return math.log(searched * self.k) + np.log(m) + np.log(n)
 
     def evalues(self, scores, query_lengths, target_lengths, searched: int = 1) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float64)
-        area = np.asarray(query_lengths, dtype=np.float64) * np.asarray(target_lengths, dtype=np.float64)
-        return searched * self.k * area * np.exp(-self.lambda_ * scores)
+        return np.exp(self.log_space(query_lengths, target_lengths, searched) - self.lambda_ * scores)
 
     def bits(self, scores) -> np.ndarray:
         return (self.lambda_ * np.asarray(scores, dtype=np.float64) - math.log(self.k)) / math.log(2)
 
     def describe(self) -> str:
-        return f"lambda {self.lambda_:.4g}, K {self.k:.4g} ({self.source})"
+        correction = (f", length correction alpha {self.alpha:.4g}, beta {self.beta:.4g}" if self.corrected
+                      else ", no length correction")
+        return f"lambda {self.lambda_:.4g}, K {self.k:.4g}{correction} ({self.source})"
+
+
+class EvalueRanking:
+    """A search's best hits by E-value, exactly, on the search's device (search.Searcher's `rank`).
+
+    For a query of length m, a target of length n and score S has the E-value exp(-R), with R = lambda S
+    - ln(searched K m' n'). The second term depends on n only: it is computed once per query on the host
+    for the database's distinct lengths (`table`), and looked up on the device, so R is computed for
+    every database sequence (in float64) and the best `top` are taken by R, then by score, then by
+    database order (`best`): the same hits, in the same order, as ranking every sequence's E-value.
+    The rows then print exp(-R) of these same R. (Keeping the best k by score on the device would not
+    do: a lower score of a shorter target can have the smaller E-value.)"""
+
+    def __init__(self, statistics: KarlinAltschul, lengths: np.ndarray, bounds: list[tuple[int, int]],
+                 searched: int, device):
+        """lengths: the database's lengths in its length order, cut into blocks at `bounds`."""
+        import torch
+
+        self.statistics, self.searched = statistics, searched
+        self.distinct, classes = np.unique(np.asarray(lengths), return_inverse=True)
+        classes = torch.from_numpy(classes.astype(np.int64).ravel())
+        self.classes = [classes[start:stop].to(device) for start, stop in bounds]  # per block: index into table
+
+    def table(self, query_length: int) -> np.ndarray:
+        """ln(searched K m' n') of each distinct database length n, for a query of length m."""
+        return self.statistics.log_space(query_length, self.distinct, self.searched)
+
+    def ranks(self, table, scores, block: int):
+        """R of a block's rows: its scores (float32, on the device) and the query's table there."""
+        return scores.double() * self.statistics.lambda_ - table[self.classes[block]]
+
+    @staticmethod
+    def best(ranks, keys, top: int):
+        """The `top` best (ranks, keys), by rank descending, then key (search.score_keys: score, then
+        earlier database order): a sort by key, then a stable sort by rank."""
+        import torch
+
+        by_key = torch.sort(keys, descending=True).indices  # keys are distinct: no tie to keep in order
+        order = by_key[torch.sort(ranks[by_key], descending=True, stable=True).indices[:top]]
+        return ranks[order], keys[order]
 
 
 def background(matrix) -> tuple[np.ndarray, np.ndarray]:
@@ -146,24 +245,35 @@ def check_local(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: n
 
 
 def random_pairs(matrix, count: int, lengths: tuple[int, int], seed: int):
-    """count pairs of random sequences (codes drawn from `background`), lengths log-uniform in `lengths`:
+    """count pairs of random sequences, lengths log-uniform in `lengths`, each sequence's codes drawn from
+    its own composition (a Dirichlet draw of concentration COMPOSITION_CONCENTRATION around `background`):
     flat codes, offsets, and the query and target lengths."""
     rng = np.random.default_rng(seed)
     low, high = math.log(lengths[0]), math.log(lengths[1] + 1)
     sizes = np.exp(rng.uniform(low, high, 2 * count)).astype(np.int64)
     codes, frequencies = background(matrix)
-    flat = codes[rng.choice(len(codes), int(sizes.sum()), p=frequencies)]
+    cumulative = np.cumsum(rng.dirichlet(COMPOSITION_CONCENTRATION * frequencies, 2 * count), axis=1)
     offsets = np.zeros(2 * count + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
+    uniform = rng.random(int(offsets[-1]))
+    picks = np.empty(len(uniform), dtype=np.int64)
+    for r in range(2 * count):  # inverse CDF of each sequence's own composition
+        picks[offsets[r]:offsets[r + 1]] = np.searchsorted(cumulative[r], uniform[offsets[r]:offsets[r + 1]], "right")
+    flat = codes[np.minimum(picks, len(codes) - 1)]
     return flat, offsets, sizes[:count], sizes[count:]
 
 
 def random_scores(settings, count: int = ESTIMATION_PAIRS, lengths: tuple[int, int] = LENGTHS,
-                  seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  seed: int = SEED, aligned: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Scores of `random_pairs` under the settings (matrix, gaps, temperature, on its engine; the
-    reference loop's runs use the CPU engine, which agrees with it to 1e-4), with their lengths."""
+    reference loop's runs use the CPU engine, which agrees with it to 1e-4), their lengths, and the
+    extents of the t = 0 alignments of the first `aligned` pairs: the mean of the alignment's query and
+    target residues (0 for the empty alignment)."""
     from dataclasses import replace
 
+    import torch
+
+    from swcli import _host
     from swcli.batching import Codes, make_batches
     from swcli.pipeline import Stats, score_batches
 
@@ -175,7 +285,31 @@ def random_scores(settings, count: int = ESTIMATION_PAIRS, lengths: tuple[int, i
     batches = make_batches(codes, index, codes, index + count, settings.batch_cells, settings.device)
     matrix = settings.matrix.tensor(device=settings.device)
     scores = score_batches(batches, count, settings, matrix, Stats()).astype(np.float64)
-    return scores, query_lengths, target_lengths
+    aligned = min(aligned, count)
+    found = _host.traceback(flat, offsets[:aligned], query_lengths[:aligned], flat, offsets[count:count + aligned],
+                            target_lengths[:aligned], np.asarray(settings.matrix.scores, dtype=np.float32),
+                            *_gaps(settings), torch.get_num_threads())
+    ends = found.ends.astype(np.float64)
+    extents = np.where(ends[:, 1] > 0, (ends[:, 1] - ends[:, 0] + ends[:, 3] - ends[:, 2]) / 2 + 1, 0.0)
+    return scores, query_lengths, target_lengths, extents
+
+
+def fit_corrected(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: np.ndarray,
+                  aligned_scores: np.ndarray, extents: np.ndarray) -> tuple[float, float, float | None, float | None]:
+    """lambda, K, alpha and beta of the law with BLAST's length correction (the module's docstring):
+    alpha / lambda and beta the line of the alignments' extents against their scores in nats, the law
+    fitted to the effective lengths, in turn, REFITS times. alpha and beta are None where the alignments
+    give no rising line (too few of them)."""
+    lam, k = fit_gumbel(scores, query_lengths, target_lengths)
+    nonempty = extents > 0
+    if np.count_nonzero(nonempty) < 10:
+        return lam, k, None, None
+    for _ in range(REFITS):
+        slope, beta = np.polyfit(lam * aligned_scores[nonempty], extents[nonempty], 1)
+        if not slope > 0:
+            return fit_gumbel(scores, query_lengths, target_lengths) + (None, None)
+        lam, k = fit_gumbel(scores, *effective_lengths(query_lengths, target_lengths, k, slope, beta))
+    return lam, k, float(lam * slope), float(beta)
 
 
 def setting_name(settings) -> str:
@@ -189,12 +323,16 @@ def _gaps(settings) -> tuple[float, float]:
 
 def estimate(settings, count: int = ESTIMATION_PAIRS, lengths: tuple[int, int] = LENGTHS,
              seed: int = SEED) -> KarlinAltschul:
-    """lambda and K for the settings, fitted to the scores of `count` random pairs (no cache)."""
-    scores, query_lengths, target_lengths = random_scores(settings, count, lengths, seed)
+    """lambda, K and the length correction for the settings, fitted to `count` random pairs (no cache).
+    The regime check runs on the uncorrected fit, which its bounds were set on."""
+    scores, query_lengths, target_lengths, extents = random_scores(settings, count, lengths, seed, CORRECTION_PAIRS)
     step = lattice_step(settings.matrix, *_gaps(settings), settings.temperature)
-    lam, k = fit_gumbel(scores + step / 2, query_lengths, target_lengths)
-    check_local(scores + step / 2, query_lengths, target_lengths, lam, k, setting_name(settings))
-    return KarlinAltschul(lam, k, f"estimated from {count:,} random pairs of {lengths[0]} to {lengths[1]} residues")
+    shifted = scores + step / 2
+    check_local(shifted, query_lengths, target_lengths, *fit_gumbel(shifted, query_lengths, target_lengths),
+                setting_name(settings))
+    lam, k, alpha, beta = fit_corrected(shifted, query_lengths, target_lengths, scores[:len(extents)], extents)
+    return KarlinAltschul(lam, k, f"estimated from {count:,} random pairs of {lengths[0]} to {lengths[1]} residues",
+                          alpha, beta)
 
 
 def cache_path(settings, count: int, lengths: tuple[int, int], seed: int) -> Path:
@@ -209,16 +347,19 @@ def cache_path(settings, count: int, lengths: tuple[int, int], seed: int) -> Pat
 
 
 def parameters(settings, lambda_: float | None = None, k: float | None = None, count: int | None = None,
-               lengths: tuple[int, int] = LENGTHS, seed: int = SEED) -> KarlinAltschul:
-    """The run's lambda and K: as given (--lambda, --k), else from the cache, else estimated now (one
-    line on stderr says so) from `count` pairs (ESTIMATION_PAIRS) and cached."""
+               lengths: tuple[int, int] = LENGTHS, seed: int = SEED, alpha: float | None = None,
+               beta: float | None = None) -> KarlinAltschul:
+    """The run's lambda, K and length correction: as given (--lambda, --k, and --alpha with --beta for a
+    correction), else from the cache, else estimated now (one line on stderr says so) from `count` pairs
+    (ESTIMATION_PAIRS) and cached."""
     count = ESTIMATION_PAIRS if count is None else count
     if lambda_ is not None and k is not None:
-        return KarlinAltschul(lambda_, k, "given")
+        return KarlinAltschul(lambda_, k, "given", alpha, beta)
     path = cache_path(settings, count, lengths, seed)
     try:
         saved = json.loads(path.read_text())
-        return KarlinAltschul(float(saved["lambda_"]), float(saved["k"]), saved["source"] + ", cached")
+        correction = [None if saved[name] is None else float(saved[name]) for name in ("alpha", "beta")]
+        return KarlinAltschul(float(saved["lambda_"]), float(saved["k"]), saved["source"] + ", cached", *correction)
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none yet, or unreadable: estimate again
     print(f"swcli: estimating Karlin-Altschul lambda and K for {setting_name(settings)} from {count:,} random "

@@ -13,6 +13,7 @@ from swcli.fasta import FastaRecord
 from swcli.ops import load_engine, soft_smith_waterman_codes
 from swcli.scoring import load_matrix
 from swcli.search import ExactSearch, make_block, search
+from swcli.statistics import KarlinAltschul
 from swcli.testing import cuda, random_protein, requires_cuda
 
 BLOSUM62 = load_matrix("BLOSUM62")
@@ -116,6 +117,12 @@ class TestCudaSearchS16:
         float_hits = list(search([codes], db, S.cpu(), -4.0, 0.0, 4, "cpu", "cpu"))[0]
         assert torch.equal(hits.scores, float_hits.scores) and torch.equal(hits.targets, float_hits.targets)
         assert hits.scores[0].item() == 40_000.0
+        # ranked by E-value, the pairs scored again are ranked again: the CPU engine's hits and E-values
+        statistics = KarlinAltschul(0.27, 0.04, "given", 1.9, -30.0)
+        ranked = list(search([codes], db, S, -4.0, 0.0, 4, "cuda", self.device, rank=statistics))[0]
+        float_ranked = list(search([codes], db, S.cpu(), -4.0, 0.0, 4, "cpu", "cpu", rank=statistics))[0]
+        assert torch.equal(ranked.targets, float_ranked.targets) and torch.equal(ranked.scores, float_ranked.scores)
+        assert ranked.evalues.tolist() == float_ranked.evalues.tolist() and ranked.scores.max().item() == 40_000.0
 
     @pytest.mark.parametrize("gap, gap_open, gap_extend", [(-4.0, None, None), (None, -11.0, -1.0)])
     def test_search_equals_the_cpu_engines(self, gap, gap_open, gap_extend):

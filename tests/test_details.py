@@ -115,6 +115,63 @@ def test_bands_swept_again_give_the_same_alignment(gap_open, gap_extend):
     assert all(operations(whole, k) == operations(banded, k) for k in range(len(pairs)))
 
 
+def random_code_pairs(rng, count: int, alphabet: int, longest: int):
+    """Flat codes, starts and lengths of `count` random pairs (lengths 0 .. longest, some of 0 to 3)."""
+    query_lengths = rng.integers(0, longest + 1, count)
+    query_lengths[: count // 4] = rng.integers(0, 4, count // 4)
+    target_lengths = rng.integers(0, longest + 1, count)
+    starts = lambda lengths: np.concatenate([[0], np.cumsum(lengths)[:-1]])  # noqa: E731
+    query = rng.integers(0, alphabet, int(query_lengths.sum()) + 1).astype(np.uint8)
+    target = rng.integers(0, alphabet, int(target_lengths.sum()) + 1).astype(np.uint8)
+    return query, starts(query_lengths), query_lengths, target, starts(target_lengths), target_lengths
+
+
+def same_tracebacks(a, b) -> bool:
+    fields = ("scores", "ends", "counts", "op_lengths")
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in fields) and all(
+        operations(a, k) == operations(b, k) for k in range(len(a.scores)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_integer_sweep_equals_the_float_sweep_byte_for_byte(seed):
+    """The vector integer sweep against the cell-by-cell float one on fresh random integer matrices:
+    small alphabets and narrow score ranges (ties everywhere), zero and positive-free gaps, linear and
+    affine, lengths 0 to 70 (vectors cut short at the row's end), whole and banded walks."""
+    rng = np.random.default_rng([seed, 41])
+    empty = gapped = 0
+    for _ in range(40):
+        alphabet = int(rng.integers(1, 26))
+        low, high = sorted(rng.integers(-5, 6, 2))
+        table = rng.integers(low, high + 1, (alphabet, alphabet)).astype(np.float32)
+        extend = -float(rng.integers(0, 4))
+        gap_open = extend if rng.random() < 0.5 else extend - float(rng.integers(1, 8))
+        band_rows = int(rng.choice([0, 1, 3, 16]))
+        pairs = random_code_pairs(rng, 8, alphabet, 70)
+        vector = _host.traceback(*pairs, table, gap_open, extend, 2, band_rows)
+        scalar = _host.traceback(*pairs, table, gap_open, extend, 1, band_rows, integer_sweep=False)
+        assert same_tracebacks(vector, scalar), (alphabet, gap_open, extend, band_rows)
+        lengths = np.minimum(pairs[2], pairs[5])
+        empty += int(np.sum((vector.op_lengths == 0) & (lengths > 0)))
+        gapped += int(np.sum(vector.counts[:, 3] > 0))
+    assert empty > 0 and gapped > 0  # empty alignments of non-empty pairs, and gaps, were compared
+
+
+def test_fractional_scores_and_sums_past_2_24_stay_on_the_float_sweep():
+    """Where int32 would not give float32's numbers the float sweep runs, whatever integer_sweep says:
+    scores that are not whole numbers, and whole numbers whose sums round in float32."""
+    rng = np.random.default_rng(9)
+    pairs = random_code_pairs(rng, 6, 24, 60)
+    fractional = _host.traceback(*pairs, TABLE + np.float32(0.25), -3.5, -0.75, 2)
+    assert same_tracebacks(fractional, _host.traceback(*pairs, TABLE + np.float32(0.25), -3.5, -0.75, 1,
+                                                       integer_sweep=False))
+    assert np.any(fractional.scores != np.round(fractional.scores))
+    # whole numbers past 2^24 (found by search): int32 would make this score 29,360,132, float32 rounds
+    table = np.array([[-4194307, 8388611], [8388606, 4194303]], dtype=np.float32)
+    big = _host.traceback(np.array([0, 1, 0, 1], np.uint8), [0], [4], np.array([1, 1, 1, 0], np.uint8), [0], [4],
+                          table, -2.0, -2.0, 1)
+    assert float(big.scores[0]) == 29_360_130.0
+
+
 def test_text_columns_and_the_empty_alignment():
     pairs = [("MKVLAAGIVALLLAAGCSSSKEETP", "MKVLAGIVAWLLAAGCSKEETPQ"), ("W", "G"), ("", "AC")]
     alignments = traceback(pairs, -4.0, -4.0)
@@ -156,11 +213,36 @@ def test_bad_format_output_is_a_usage_error(tmp_path, capsys, value, message):
     (["--format-output", "query,evalue", "--lambda", "0.3"], "--lambda and --k go together"),
     (["--lambda", "0.3", "--k", "0.04"], "used only by the evalue and bits"),
     (["--format-output", "evalue", "--lambda", "-1", "--k", "0.04"], "not a finite number > 0"),
+    (["--format-output", "evalue", "--lambda", "0.3", "--k", "0.04", "--alpha", "1.9"], "--alpha and --beta go"),
+    (["--format-output", "evalue", "--alpha", "1.9", "--beta", "-30"], "go with --lambda and --k"),
+    (["--format-output", "evalue", "--lambda", "0.3", "--k", "0.04", "--alpha", "0", "--beta", "-30"],
+     "not a finite number > 0"),
+    (["--format-output", "evalue", "--lambda", "0.3", "--k", "0.04", "--alpha", "1", "--beta", "nan"],
+     "not a finite number"),
 ])
-def test_bad_lambda_and_k_are_usage_errors(tmp_path, capsys, options, message):
+def test_bad_lambda_k_alpha_and_beta_are_usage_errors(tmp_path, capsys, options, message):
     fasta = write_fasta(tmp_path / "p.fa", [("a", "MKV"), ("b", "MKV")])
-    code, stdout, err = cli(["align", fasta, *options], capsys)
-    assert code == 2 and message in err and stdout == ""
+    out = tmp_path / "out.tsv"
+    for command in (["align", fasta], ["search", fasta, fasta]):
+        code, stdout, err = cli([*command, *options, "-o", str(out)], capsys)
+        assert code == 2 and message in err and stdout == "" and not out.exists()
+
+
+def test_rank_is_checked_and_needs_statistics_only_for_evalue(tmp_path, capsys, monkeypatch):
+    from swcli import statistics
+
+    fasta = write_fasta(tmp_path / "p.fa", [("a", "MKVLA"), ("b", "MKVLW")])
+    code, _, err = cli(["search", fasta, fasta, "--rank", "bogus"], capsys)
+    assert code == 2 and "--rank" in err
+    code, out, err = cli(["search", fasta, fasta, "--rank", "evalue", "--lambda", "0.3", "--k", "0.04", "-q",
+                          "--backend", "cpu"], capsys)
+    assert code == 0 and out.splitlines()[0] == "query\ttarget\tqlen\ttlen\tscore" and err == ""
+    monkeypatch.setattr(statistics, "cache_path", lambda s, *rest: tmp_path / "cache.json")
+    monkeypatch.setattr(statistics, "ESTIMATION_PAIRS", 400)
+    out_file = tmp_path / "out.tsv"
+    code, _, err = cli(["search", fasta, fasta, "--rank", "evalue", "--gap", "-4", "-o", str(out_file),
+                        "--backend", "cpu"], capsys)
+    assert code == 1 and "E-values are not defined" in err and not out_file.exists()
 
 
 def test_align_and_search_write_the_same_details(tmp_path, capsys):
@@ -182,3 +264,32 @@ def test_align_and_search_write_the_same_details(tmp_path, capsys):
         assert float(s[-1]) == pytest.approx(3 * float(a[-1]), rel=2e-3)  # 3 sequences searched
         score, bits = float(a[2]), float(a[-2])
         assert bits == pytest.approx((0.267 * score - np.log(0.041)) / np.log(2), abs=0.05)
+
+
+def test_in_order_hands_results_back_in_order_within_its_depth():
+    import threading
+
+    from swcli.details import InOrder
+
+    gate = threading.Event()
+
+    def job(k):
+        if k == 0:
+            gate.wait(5)  # the first job finishes last: the order must still be the queue's
+        return f"rows {k}".encode()
+
+    queue = InOrder(depth=2)
+    try:
+        assert queue.put(job, 0) == [] and queue.put(job, 1) == []
+        gate.set()
+        assert queue.put(job, 2) == [b"rows 0"]
+        assert queue.drain() == [b"rows 1", b"rows 2"] and queue.drain() == []
+
+        def fails():
+            raise ValueError("bad pair")
+
+        queue.put(fails)
+        with pytest.raises(ValueError, match="bad pair"):
+            queue.drain()
+    finally:
+        queue.close(finished=True)

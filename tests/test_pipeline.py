@@ -126,3 +126,21 @@ def test_an_error_does_not_wait_for_the_engine_call_in_progress(monkeypatch):
     while scoring_in_progress() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not scoring_in_progress()
+
+
+def test_the_scoring_thread_runs_on_the_callers_gpu(monkeypatch):
+    """A thread's current CUDA device is its own (a new one's is GPU 0): the worker takes its creator's,
+    as a distributed rank on GPU 3 needs. Checked through the calls, so without a GPU."""
+    from swcli.pipeline import scoring_pool
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    for device, expected in ((torch.device("cpu"), []), (torch.device("cuda"), [3])):
+        calls.clear()
+        pool = scoring_pool(device, "swcli-test")
+        try:
+            pool.submit(lambda: None).result()
+        finally:
+            pool.shutdown()
+        assert calls == expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from swcli.ops import load_engine
 from swcli.scoring import load_matrix
 from swcli.search import (LOW, Hits, Searcher, block_bounds, hits_of, make_block, merge_top, run_search, score_keys,
                           search)
+from swcli.statistics import EvalueRanking, KarlinAltschul
 from swcli.testing import DEVICE_PARAMS, biopython_score, random_protein, related_protein_pairs
 from swcli.testing import run_cli as cli
 
@@ -198,6 +200,74 @@ def test_blocks_padded_from_flat_codes_equal_the_database_padding():
 
 
 # --------------------------------------------------------------------------------------------------
+# Ranking by E-value
+
+RANKED = KarlinAltschul(0.27, 0.04, "given", 1.9, -30.0)  # BLAST's BLOSUM62 11/1 values, about
+
+
+def ranked_by_evalue(query: str, sequences: list[str], all_hits: Hits, top: int) -> list[tuple[float, float, int]]:
+    """The oracle: every sequence's (R, score, database order), R = lambda S - ln(searched K m' n') from
+    the same per-length table, sorted by R descending, then score descending, then database order."""
+    lengths = np.array([len(s) for s in sequences])
+    distinct = np.unique(lengths)
+    table = RANKED.log_space(len(query), distinct, len(sequences))
+    rows = []
+    for score, target in zip(all_hits.scores.tolist(), all_hits.targets.tolist()):
+        log_space = table[np.searchsorted(distinct, lengths[target])]
+        rows.append((float(np.float64(score) * RANKED.lambda_ - log_space), score, target))
+    return sorted(rows, key=lambda row: (-row[0], -row[1], row[2]))[:top]
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+@pytest.mark.parametrize("t,gaps", [(0.0, {"gap": -4.0}), (1.0, {"gap": -4.0}),
+                                    (0.0, {"gap": None, "gap_open": -12.0, "gap_extend": -1.0}),
+                                    (1.0, {"gap": None, "gap_open": -12.0, "gap_extend": -1.0})])
+def test_rank_by_evalue_equals_ranking_every_sequence(t, gaps, device):
+    """The best k by E-value kept on the device, block by block, are the best k of all sequences ranked by
+    E-value (ties, from duplicated sequences, by score then database order), resident or streamed in
+    many blocks, and the E-values given are exp(-R) of the same R."""
+    queries, sequences = search_set(seed=12, queries=5, sequences=140)
+    sequences += [sequences[k] for k in range(0, 140, 7)]  # more equal lengths and scores
+    top = 9
+    everything = run(queries, sequences, top=len(sequences), t=t, device=device, **gaps)
+    resident = run(queries, sequences, top=top, t=t, device=device, rank=RANKED, **gaps)
+    streamed = run(queries, sequences, top=top, t=t, device=device, rank=RANKED, max_bytes=0, max_cells=500, **gaps)
+    differs = False
+    for query, all_hits, found, cut in zip(queries, everything, resident, streamed, strict=True):
+        expected = ranked_by_evalue(query, sequences, all_hits, top)
+        assert found.targets.tolist() == [target for _, _, target in expected]
+        assert found.scores.tolist() == [score for _, score, _ in expected]
+        assert found.evalues.tolist() == np.exp(-np.array([rank for rank, _, _ in expected])).tolist()
+        assert torch.equal(cut.targets, found.targets) and np.array_equal(cut.evalues, found.evalues)
+        lengths = [len(sequences[k]) for k in found.targets.tolist()]
+        assert np.allclose(found.evalues, RANKED.evalues(found.scores.numpy(), len(query), lengths, len(sequences)),
+                           rtol=1e-12)
+        differs |= found.targets.tolist() != all_hits.targets[:top].tolist()
+    assert differs  # E-value order is not score order here
+
+
+def test_rank_by_evalue_of_an_empty_query_and_past_the_database():
+    """An empty query has no search space (E = 0 for every sequence): the order is the score's, database
+    order. A top past the database's size gives every sequence."""
+    sequences = ["MKVLA", "WWW", "MKVLA", "ACDEFGHIK"]
+    load_engine("cpu")
+    db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62, "db.fa")
+    empty, whole = search([b"", BLOSUM62.encode("MKVLA", lambda: "q")], db, BLOSUM62.tensor(), -4.0, 0.0, 10, "cpu",
+                          rank=RANKED)
+    assert empty.targets.tolist() == [0, 1, 2, 3] and empty.evalues.tolist() == [0.0] * 4
+    assert whole.targets.tolist()[:2] == [0, 2] and len(whole.targets) == 4
+    assert list(whole.evalues) == sorted(whole.evalues)
+
+
+def test_ranking_breaks_equal_evalues_by_score_then_database_order():
+    ranks = torch.tensor([1.0, 3.0, 3.0, 2.0, 3.0], dtype=torch.float64)
+    keys = score_keys(torch.tensor([5.0, 4.0, 6.0, 1.0, 4.0]), LOW - torch.tensor([0, 1, 2, 3, 4]))
+    best_ranks, best_keys = EvalueRanking.best(ranks, keys, 4)
+    assert hits_of(best_keys).targets.tolist() == [2, 1, 4, 3] and best_ranks.tolist() == [3.0, 3.0, 3.0, 2.0]
+    assert EvalueRanking.best(ranks, keys, 10)[0].tolist() == [3.0, 3.0, 3.0, 2.0, 1.0]
+
+
+# --------------------------------------------------------------------------------------------------
 # swcli search and swcli makedb
 
 
@@ -306,3 +376,34 @@ def test_search_bad_query_letter_is_refused_before_output(search_files, tmp_path
     code, out, err = cli(["search", q, db, "--backend", "cpu"], capsys)
     assert code == 1 and out == "" and "bad.fa: record 2 (b): invalid letter '1' at position 3" in err
     assert cli(["search", q, db, "--top", "0"], capsys)[0] == 2
+
+
+def test_search_rank_evalue_on_the_command_line(search_files, capsys):
+    """--rank evalue: rows by ascending E-value, the best of align's all-vs-all pairs by E-value (align's
+    E-value of a pair, times the sequences searched); the default ranking stays by score."""
+    from swcli.testing import read_tsv
+
+    q, db = search_files
+    statistics = ["--lambda", "0.27", "--k", "0.04", "--alpha", "1.9", "--beta", "-30"]
+    common = ["-t", "0", "--gap-open", "-12", "--gap-extend", "-1", "--backend", "cpu", *statistics]
+    code, out, err = cli(["search", q, db, "-k", "4", "--rank", "evalue", *common, "--format-output",
+                          "query,target,tlen,score,evalue"], capsys)
+    assert code == 0 and "alpha 1.9, beta -30 (given)" in err
+    rows = read_tsv(out)[1:]
+    code, every, _ = cli(["align", q, db, "--all-vs-all", *common, "--no-header", "--format-output",
+                          "query,target,tlen,score,evalue"], capsys)
+    assert code == 0
+    by_query: dict[str, list] = {}
+    for k, row in enumerate(read_tsv(every)):
+        by_query.setdefault(row[0], []).append((43 * float(row[4]), -float(row[3]), k % 43, row[1]))
+    for query in by_query:
+        mine = [row for row in rows if row[0] == query]
+        assert [float(row[4]) for row in mine] == sorted(float(row[4]) for row in mine)
+        best = sorted(by_query[query])[:4]
+        assert [row[1] for row in mine] == [target for *_, target in best]
+        assert [float(row[4]) for row in mine] == pytest.approx([e for e, *_ in best], rel=1e-2)  # 3 digits
+    code, by_score, _ = cli(["search", q, db, "-k", "4", *common, "--format-output", "query,target,tlen,score,evalue"],
+                            capsys)
+    assert code == 0  # (these few hits come in the same order either way; test_rank_by_evalue_... has others)
+    assert all(float(a[3]) >= float(b[3]) for a, b in zip(read_tsv(by_score)[1:], read_tsv(by_score)[2:])
+               if a[0] == b[0])

@@ -34,9 +34,49 @@ def test_the_fit_recovers_a_gumbel_law():
 
 
 def test_estimate_for_blast_gaps_is_near_the_published_values():
+    """BLAST's table for BLOSUM62 11/1: lambda 0.267, K 0.041, alpha 1.9, beta -30 (alpha / lambda 7.1)."""
     found = statistics.estimate(settings(gap=None, gap_open=-12.0, gap_extend=-1.0, temperature=0.0), 1500)
     assert found.lambda_ == pytest.approx(0.267, rel=0.1)
     assert found.k == pytest.approx(0.041, rel=0.6)
+    assert 3 < found.alpha / found.lambda_ < 12 and -60 < found.beta < 0
+
+
+def test_effective_lengths_are_blast_length_adjustment():
+    """The fixed point l = (alpha / lambda) ln(K (m - l)(n - l)) + beta, kept where K m' n' >= max(m, n),
+    and 0 where the right side is negative at l = 0."""
+    rng = np.random.default_rng(4)
+    m, n = rng.integers(1, 3000, 500), rng.integers(1, 3000, 500)
+    k, slope, beta = 0.041, 7.1, -30.0
+    m2, n2 = statistics.effective_lengths(m, n, k, slope, beta)
+    ell = m - m2
+    assert np.allclose(n - n2, ell) and np.all(ell >= 0)
+    at_fixed_point = (ell > 0) & (k * m2 * n2 > np.maximum(m, n) * (1 + 1e-9))
+    assert np.allclose(ell[at_fixed_point], slope * np.log(k * m2 * n2)[at_fixed_point] + beta, atol=1e-6)
+    capped = (ell > 0) & ~at_fixed_point
+    assert np.allclose(k * m2[capped] * n2[capped], np.maximum(m, n)[capped])
+    assert np.all(ell[slope * np.log(k * m * n) + beta <= 0] == 0)
+    assert at_fixed_point.sum() > 100 and capped.sum() > 5  # both cases are exercised
+    # a second oracle: plain iteration l <- f(l), a contraction for long sequences
+    ell_300 = 0.0
+    for _ in range(200):
+        ell_300 = slope * math.log(k * (300 - ell_300) ** 2) + beta
+    (m300,), _ = statistics.effective_lengths([300], [300], k, slope, beta)
+    assert 300 - m300 == pytest.approx(ell_300, abs=1e-9) and 26 < ell_300 < 28
+
+
+def test_the_corrected_fit_recovers_a_law_with_edge_effects():
+    """Scores drawn from the corrected law, and alignment lengths on its line: fit_corrected gives back
+    lambda, K, alpha and beta."""
+    rng = np.random.default_rng(5)
+    m, n = rng.integers(100, 2000, 20000), rng.integers(100, 2000, 20000)
+    lam, k, slope, beta = 0.27, 0.04, 7.0, -30.0
+    m2, n2 = statistics.effective_lengths(m, n, k, slope, beta)
+    scores = (np.log(k * m2 * n2) - np.log(-np.log(rng.uniform(size=m.size)))) / lam
+    extents = slope * lam * scores[:2000] + beta + rng.normal(0, 5, 2000)
+    found = statistics.fit_corrected(scores, m, n, scores[:2000], extents)
+    assert found[0] == pytest.approx(lam, rel=0.03) and found[1] == pytest.approx(k, rel=0.2)
+    assert found[2] / found[0] == pytest.approx(slope, rel=0.1) and found[3] == pytest.approx(beta, abs=6)
+    assert statistics.fit_corrected(scores, m, n, scores[:5], extents[:5])[2:] == (None, None)
 
 
 def test_scores_growing_with_length_are_refused():
@@ -48,6 +88,26 @@ def test_evalues_and_bits_follow_the_formulas():
     ka = statistics.KarlinAltschul(0.25, 0.04, "given")
     assert ka.evalues([40.0], [100], [300], 7)[0] == pytest.approx(7 * 0.04 * 100 * 300 * math.exp(-10))
     assert ka.bits([40.0])[0] == pytest.approx((10 - math.log(0.04)) / math.log(2))
+    corrected = statistics.KarlinAltschul(0.25, 0.04, "given", 1.9, -30.0)
+    (m2,), (n2,) = statistics.effective_lengths([100], [300], 0.04, 1.9 / 0.25, -30.0)
+    assert 0 < m2 < 100 and n2 == 300 - (100 - m2)
+    assert corrected.evalues([40.0], [100], [300], 7)[0] == pytest.approx(7 * 0.04 * m2 * n2 * math.exp(-10))
+    assert corrected.bits([40.0]) == ka.bits([40.0])  # bits do not depend on lengths
+    assert corrected.evalues([0.0], [0], [300])[0] == 0  # an empty query: no search space
+
+
+def test_random_sequences_vary_in_composition_around_the_background():
+    flat, offsets, query_lengths, target_lengths = statistics.random_pairs(MATRIX, 400, (100, 2000), 3)
+    codes, frequencies = statistics.background(MATRIX)
+    counts = np.stack([np.bincount(flat[offsets[r]:offsets[r + 1]], minlength=len(MATRIX.alphabet))[codes]
+                       for r in range(800)])
+    shares = counts / counts.sum(1, keepdims=True)
+    assert np.allclose(shares.mean(0), frequencies, atol=0.005)
+    # a sequence's share of a letter varies about as Dirichlet(100 p) draws do, past multinomial sampling
+    sampling = frequencies * (1 - frequencies) * np.mean(1 / counts.sum(1))
+    concentration = np.sum(frequencies * (1 - frequencies)) / np.sum(shares.var(0) - sampling) - 1
+    assert 60 < concentration < 160
+    assert len(flat) == offsets[-1] == query_lengths.sum() + target_lengths.sum()
 
 
 def test_background_of_protein_and_nucleotide_matrices():
@@ -65,8 +125,11 @@ def test_estimates_are_cached_per_setting(tmp_path, monkeypatch, capsys):
     assert "estimating Karlin-Altschul lambda and K" in capsys.readouterr().err
     again = statistics.parameters(affine, count=300)
     assert capsys.readouterr().err == "" and (again.lambda_, again.k) == (first.lambda_, first.k)
-    assert "cached" in again.source
+    assert "cached" in again.source and (again.alpha, again.beta) == (first.alpha, first.beta)
+    assert first.corrected
     assert statistics.parameters(affine, 0.3, 0.05) == statistics.KarlinAltschul(0.3, 0.05, "given")
+    given = statistics.parameters(affine, 0.3, 0.05, alpha=1.9, beta=-30.0)
+    assert (given.alpha, given.beta) == (1.9, -30.0) and "alpha 1.9, beta -30" in given.describe()
 
 
 def test_cli_refuses_evalues_where_they_do_not_hold(tmp_path, monkeypatch, capsys):
@@ -79,4 +142,4 @@ def test_cli_refuses_evalues_where_they_do_not_hold(tmp_path, monkeypatch, capsy
     assert code == 1 and "E-values are not defined" in err and not out.exists()
     code, stdout, err = cli(["align", fasta, "--gap", "-4", "--format-output", "query,evalue", "--lambda", "0.2",
                              "--k", "0.01", "--backend", "cpu"], capsys)
-    assert code == 0 and "lambda 0.2, K 0.01 (given)" in err
+    assert code == 0 and "lambda 0.2, K 0.01, no length correction (given)" in err

@@ -19,8 +19,15 @@
 #     search     swcli search beside CUDASW++4.0 (benchmarks/search_peer.py; record in $OUT/search): CUDASW4's
 #                20 queries against make-db's 100,000 sequences; about 5 minutes, CUDASW4's build included;
 #                gap -4, or affine with GAP_OPEN and GAP_EXTEND (e.g. -11 and -1)
-# Needs the biopython wheel in .whl/ and .bench/proteins.fasta (250 real proteins) in the tree; search also
-# needs .peer/ (the peers folder: peer-cudasw4, cudasw4/, zlib1g-dev.deb) with make-db in .peer/tools/.
+#     details    what --format-output's 21 columns (and --rank evalue) cost in that search, at t = 0 and 1
+#                (benchmarks/details_speed.py; affine GAP_OPEN/GAP_EXTEND, default -11/-1); about 3 minutes
+#     dist-overhead  swcli search under torchrun --nproc-per-node 1, and as one rank without torchrun, against
+#                the plain command (benchmarks/distributed_overhead.py, outputs compared): CUDASW4's 20 queries, each
+#                DIST_QUERY_COPIES (20) times, against make-db's 100,000 sequences prepared by makedb;
+#                DIST_REPEATS (3) runs each after a warm-up; then the exchange per query alone through
+#                NCCL (benchmarks/distributed_exchange.py); about 5 minutes with make-db
+# Needs the biopython wheel in .whl/ and .bench/proteins.fasta (250 real proteins) in the tree; search, details and
+# dist-overhead also need .peer/ (the peers folder: peer-cudasw4, cudasw4/, zlib1g-dev.deb) with make-db in .peer/tools/.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -180,6 +187,22 @@ rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), ${E2E_PAIRS:-1000000}
              "$OUT/search" --work /tmp/search_work --peer .peer/peer-cudasw4 --gap-open ${GAP_OPEN:--4} \
              --gap-extend ${GAP_EXTEND:--4} 2>&1 | tee "$OUT/search_peer.txt" | tail -40
       echo "search: $(( $(date +%s) - started )) s" ;;
+    details)
+      [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }
+      [ -f /tmp/search_db.fasta ] || python3 .peer/tools/make-db /tmp/search_db.fasta
+      for t in 0 1; do
+        timeout 280 python3 benchmarks/details_speed.py .peer/cudasw4/allqueries.fasta /tmp/search_db.fasta --backend cuda \
+          --repeats 3 --gap-open ${GAP_OPEN:--11} --gap-extend ${GAP_EXTEND:--1} -t $t 2>&1 | tee "$OUT/details_t$t.txt" | tail -9
+      done ;;
+    dist-overhead)
+      [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }
+      [ -f /tmp/search_db.fasta ] || python3 .peer/tools/make-db /tmp/search_db.fasta || exit 1
+      [ -d /tmp/search_db ] || python3 -m swcli makedb /tmp/search_db.fasta /tmp/search_db || exit 1
+      timeout 540 python3 benchmarks/distributed_overhead.py .peer/cudasw4/allqueries.fasta /tmp/search_db \
+        --backend cuda --repeats ${DIST_REPEATS:-3} --query-copies ${DIST_QUERY_COPIES:-20} --work /tmp/dist_work 2>&1 \
+        | tee "$OUT/dist_overhead.txt" | tail -12
+      python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/distributed_exchange.py --device cuda \
+        2>&1 | tee -a "$OUT/dist_overhead.txt" | tail -1 ;;
     *)
       echo "unknown stage $stage; see the stages at the top of $0" >&2; exit 2 ;;
   esac

@@ -1,0 +1,574 @@
+"""Several processes, one run: `torchrun ... -m swcli search|align ...` shares the work among its ranks.
+
+torchrun starts one process per rank and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
+Without them there is no process group and every command runs as one process, as it always did. With
+them (WORLD_SIZE 1 included):
+
+- The process group has NCCL for CUDA tensors, each rank on cuda:LOCAL_RANK, and gloo for host tensors
+  (gloo alone where torch has no CUDA). A search's candidates travel on its engine's device; statuses,
+  messages and align's rows on the host.
+- search: every rank opens the whole database (a makedb folder is memory-mapped, a FASTA file read by
+  each rank) and scores every query against its shard: a contiguous range of the length order holding
+  about 1/N of the residues, since a query's work is its length times the residues. The shard is scored
+  in the single process's blocks cut to it (search.make_block's owned rows), so each engine call has the
+  single process's shape and every score is the same, bit for bit. The best k keys of each rank are
+  all-gathered and the best k of them kept: keys are distinct (the score, then the database order:
+  search.score_keys), so the best k of the union are the single process's, ties included. Rank 0 writes
+  the rows, and computes the details of the final hits (it holds the whole database).
+- align: every rank reads the whole input in the same chunks; chunk k is scored and formatted (details
+  included) by rank k mod N, and its rows sent to rank 0, which writes them in input order.
+- lambda and K (--format-output's evalue and bits) are obtained once, by rank 0, and broadcast.
+- Progress bars and messages come from rank 0 alone.
+
+Failures. Every rank makes the same collectives in the same order, and each collective carries a status
+per rank: a rank that raises carries on through the collectives with a failed status instead of its
+data, so every rank learns of the failure at the same collective and stops there. Rank 0 then reports
+the first failing rank's error (its message and exit code); the others exit with that code in silence.
+Rank 0's output goes through output.TsvWriter, so no output file appears and an existing one is kept. A
+rank that dies (killed, out of memory) breaks the gloo connections of the others, or is seen by torchrun,
+which stops the ranks of its host; beyond that every wait has a deadline (SWCLI_DISTRIBUTED_TIMEOUT
+seconds, default 1800). Waits are polled, so a signal (Ctrl-C, torchrun's SIGTERM) ends a rank at once.
+
+SWCLI_FAIL_AT=RANK:POINT[:exit] makes rank RANK fail at POINT (setup, query:K or chunk:K, counted from
+0): it raises an error there, or with :exit dies at once. It exists for the tests of these paths.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack, closing, contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from itertools import chain, count
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from swcli import interrupt
+from swcli.errors import SwcliError
+
+SPIN_SECONDS = 200e-6  # how long a wait polls without sleeping, then in sleeps of growing length up to 5 ms
+DEFAULT_TIMEOUT = 1800.0  # seconds a rank waits for the others at one collective (the engine's first build included)
+ENGINES = ("cpu", "cuda", "reference")
+ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+class RankFailed(SwcliError):
+    """A rank's failure, raised on every rank; the command line shows it on rank 0 alone."""
+
+    def __init__(self, message: str, exit_code: int = 1, shown: bool = True):
+        super().__init__(message)
+        self.exit_code, self.shown = exit_code, shown
+
+
+class LostContact(SwcliError):
+    """The other ranks stopped answering: this rank cannot learn what happened, so it says so itself."""
+
+
+def environment() -> tuple[int, int, int] | None:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them, or None where it did not start this process."""
+    if not all(name in os.environ for name in ENVIRONMENT):
+        return None
+    try:
+        return tuple(int(os.environ[name]) for name in ENVIRONMENT)
+    except ValueError:
+        raise SwcliError(f"{', '.join(ENVIRONMENT)} must be integers, got "
+                         f"{', '.join(os.environ[name] for name in ENVIRONMENT)}") from None
+
+
+def _timeout() -> float:
+    text = os.environ.get("SWCLI_DISTRIBUTED_TIMEOUT", "")
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SwcliError(f"SWCLI_DISTRIBUTED_TIMEOUT={text}: give the seconds to wait, a number > 0")
+    return value
+
+
+@dataclass
+class Group:
+    rank: int
+    size: int
+    local_rank: int
+    timeout: float
+    lost: bool = False  # a collective broke: the group is not destroyed at exit (that could wait)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    # ---------------------------------------------------------------------------------- waiting
+
+    def wait(self, work) -> None:
+        """Wait for an asynchronous collective in short sleeps, so that a signal is handled at once,
+        and at most `timeout` seconds."""
+        started = time.monotonic()
+        deadline, spin = started + self.timeout, started + SPIN_SECONDS
+        pause = 20e-6
+        while not work.is_completed():
+            now = time.monotonic()
+            if now < spin:  # a collective among waiting ranks ends within tens of microseconds
+                time.sleep(0)
+                continue
+            if now > deadline:
+                self.lost = True
+                raise LostContact(f"rank {self.rank}: the other processes did not answer within {self.timeout:g} s "
+                                  "(SWCLI_DISTRIBUTED_TIMEOUT); one of them may have stopped")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)
+        try:
+            work.wait()
+        except RuntimeError as exc:  # gloo: a peer's connection closed, when its process ended
+            self.lost = True
+            # gloo's first sentence, without its source location: "Connection closed by peer [ADDRESS]:PORT"
+            why = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip()).split(". ")[0] or type(exc).__name__
+            raise LostContact(f"rank {self.rank}: lost contact with another process of the run, which may have "
+                              f"stopped ({why})") from None
+
+    # ---------------------------------------------------------------------------------- failures
+
+    def agree(self, failure: BaseException | None) -> None:
+        """A collective over every rank: raises on every rank if any rank brings a failure."""
+        status = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
+        self.wait(dist.all_reduce(status, op=dist.ReduceOp.MAX, async_op=True))
+        if status.item():
+            self.fail(failure)
+
+    def fail(self, failure: BaseException | None):
+        """Every rank, once a collective showed a failure: the failing ranks' reports are gathered and the
+        first one raised: on rank 0 as its error (its own exception where it is the one), elsewhere as a
+        silent RankFailed of the same exit code (or as the rank's own exception where it is not one of the
+        expected errors, so that its traceback is seen)."""
+        reports = [None] * self.size
+        dist.all_gather_object(reports, None if failure is None else _report(failure))
+        first = next(rank for rank, report in enumerate(reports) if report is not None)
+        code, message = reports[first]
+        if failure is not None and first == self.rank and (self.leader or not _expected(failure)):
+            raise failure
+        text = message if first == 0 else f"rank {first}: {message}"
+        raise RankFailed(text or "", code, shown=self.leader and message is not None)
+
+    def same(self, what: str, values: list[int]) -> None:
+        """Refuse a run whose ranks see different `values` (another file of the same name on one host, an
+        engine chosen by auto on a host without a GPU)."""
+        mine = torch.tensor(values, dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(self.size)]
+        self.wait(dist.all_gather(everyone, mine, async_op=True))
+        for rank, theirs in enumerate(everyone):
+            if not torch.equal(theirs, everyone[0]):
+                raise RankFailed(f"the processes disagree on {what}: rank 0 has {everyone[0].tolist()}, rank {rank} "
+                                 f"{theirs.tolist()}", 1, shown=self.leader)
+
+    def broadcast(self, value):
+        """Rank 0's value (a picklable object), on every rank."""
+        box = [value]
+        dist.broadcast_object_list(box, src=0, device=torch.device("cpu"))
+        return box[0]
+
+    # ---------------------------------------------------------------------------------- search
+
+    def send_keys(self, keys: torch.Tensor | None, ranks: torch.Tensor | None, failure: BaseException | None,
+                  top: int, ranked: bool, device):
+        """Start the all-gather of this rank's best keys (and R) of one query (key_payload)."""
+        payload = key_payload(keys, ranks, failure is not None, top, ranked, device)
+        everyone = [torch.empty_like(payload) for _ in range(self.size)]
+        return dist.all_gather(everyone, payload, async_op=True), everyone
+
+    def merged_keys(self, sent, failure: BaseException | None, top: int,
+                    ranked: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The best `top` keys (and their R) of every rank's (send_keys), on the host, best first."""
+        work, everyone = sent
+        self.wait(work)
+        gathered = torch.stack(everyone).cpu()
+        if gathered[:, 0].any():
+            self.fail(failure)
+        return merge_payloads(gathered, top, ranked)
+
+    # ---------------------------------------------------------------------------------- align
+
+    def gather_rows(self, rows: bytes | None, failure: BaseException | None, pairs: int, cells: int):
+        """One round of align: each rank's rows of its chunk (None: it has no more) to rank 0. Returns
+        (rows of every rank in rank order on rank 0, [] elsewhere; (pairs, cells) summed over the
+        ranks), or None once no rank has rows left."""
+        mine = torch.tensor([failure is not None, -1 if rows is None else len(rows), pairs, cells], dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(self.size)]
+        self.wait(dist.all_gather(everyone, mine, async_op=True))
+        table = torch.stack(everyone)
+        if table[:, 0].any():
+            self.fail(failure)
+        sizes = table[:, 1].tolist()
+        if max(sizes) < 0:
+            return None
+        totals = tuple(table[:, 2:].sum(dim=0).tolist())
+        # A gather of equal sizes (gloo's point-to-point works cannot be polled): each rank's rows padded
+        # to the longest.
+        width = max(max(sizes), 1)
+        mine = torch.zeros(width, dtype=torch.uint8)
+        if rows:
+            mine[:len(rows)] = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
+        everyone = [torch.empty_like(mine) for _ in range(self.size)] if self.leader else None
+        self.wait(dist.gather(mine, everyone, dst=0, async_op=True))
+        if not self.leader:
+            return [], totals
+        return [everyone[rank][:size].numpy().tobytes() for rank, size in enumerate(sizes) if size > 0], totals
+
+
+def _click_error() -> type:
+    """click's ClickException as typer exposes it (typer vendors click in recent versions)."""
+    import typer
+
+    return {cls.__name__: cls for cls in typer.BadParameter.__mro__}["ClickException"]
+
+
+def _report(failure: BaseException) -> tuple[int, str | None]:
+    """(exit code, message) of a failure, as the command line would show it (None: nothing shown)."""
+    import typer
+
+    from swcli._build import BuildError
+
+    if isinstance(failure, BrokenPipeError):
+        return 141, None  # the reader of rank 0's stdout went away: stop quietly, as one process does
+    if isinstance(failure, typer.Exit):
+        return failure.exit_code, None
+    if isinstance(failure, _click_error()):
+        return failure.exit_code, failure.format_message()
+    if isinstance(failure, RankFailed):
+        return failure.exit_code, str(failure) if failure.shown else None
+    if isinstance(failure, (SwcliError, BuildError)):
+        return 1, str(failure)
+    return 1, f"{type(failure).__name__}: {failure}"
+
+
+def _expected(failure: BaseException) -> bool:
+    """An error the command line reports in one line (anything else is a bug, shown with its traceback)."""
+    import typer
+
+    from swcli._build import BuildError
+
+    return isinstance(failure, (SwcliError, BuildError, BrokenPipeError, typer.Exit, _click_error()))
+
+
+# --------------------------------------------------------------------------------------------------
+# Starting, phases, the test hook
+
+_group: Group | None = None
+
+
+def start(inputs: Iterable[str | None] = ()) -> Group | None:
+    """The process group of torchrun's ranks (None without torchrun: one process, no group), joined once
+    per process and left at its exit; inputs: the command's input paths, which may not be stdin."""
+    global _group
+    found = environment()
+    if found is None:
+        return None
+    if _group is None:
+        rank, size, local_rank = found
+        timeout = _timeout()
+        cuda = torch.cuda.is_available() and dist.is_nccl_available()
+        if cuda and local_rank < torch.cuda.device_count():
+            torch.cuda.set_device(local_rank)  # before anything touches a GPU: this rank's own
+        try:
+            dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout))
+        except Exception as exc:  # a rendezvous that fails or times out
+            raise SwcliError(f"rank {rank}: cannot join the other processes (torch.distributed: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        _group = Group(rank, size, local_rank, timeout)
+        atexit.register(_leave)
+        if rank != 0:
+            interrupt.set_message_shown(False)
+    with phase(_group):
+        if "-" in inputs:
+            raise SwcliError("with several processes (torchrun) every rank reads the inputs: give files, not stdin ('-')")
+    return _group
+
+
+def _leave() -> None:
+    if _group is not None and not _group.lost and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_leader(group: Group | None) -> bool:
+    """Whether this process writes the output and shows progress and messages: rank 0, or the only one."""
+    return group is None or group.leader
+
+
+@contextmanager
+def phase(group: Group | None):
+    """A stretch of work that any rank may fail: at its end every rank learns whether one did, and all
+    raise if so (Group.fail). Without a group, nothing."""
+    if group is None:
+        yield
+        return
+    failure = None
+    try:
+        yield
+    except Exception as exc:
+        failure = exc
+    group.agree(failure)
+
+
+def check_engine(group: Group | None, settings) -> None:
+    """Every rank on the same engine, a CUDA one on a GPU of its own (cuda:LOCAL_RANK)."""
+    if group is None:
+        return
+    with phase(group):
+        inject(group, "setup")
+        if settings.backend == "cuda" and group.local_rank >= torch.cuda.device_count():
+            raise SwcliError(f"rank {group.rank}: LOCAL_RANK {group.local_rank}, but this host has "
+                             f"{torch.cuda.device_count()} CUDA devices: start at most one process per GPU "
+                             "(torchrun --nproc-per-node)")
+    group.same("the engine (--backend)", [ENGINES.index(settings.backend)])
+
+
+def shared(group: Group | None, compute: Callable):
+    """compute() on rank 0 alone, its value broadcast to every rank (lambda and K: estimated once)."""
+    if group is None:
+        return compute()
+    value, failure = None, None
+    if group.leader:
+        try:
+            value = compute()
+        except Exception as exc:
+            failure = exc
+    group.agree(failure)
+    return group.broadcast(value)
+
+
+@contextmanager
+def writer(group: Group | None, path: str | None, header: bool, columns: tuple[str, ...]):
+    """output.TsvWriter, on rank 0 alone (None elsewhere): opened in a phase, so that a path it cannot
+    write stops every rank before any work."""
+    from swcli.output import TsvWriter
+
+    if group is None:
+        with TsvWriter(path, header, columns) as out:
+            yield out
+        return
+    with ExitStack() as stack:
+        with phase(group):
+            out = stack.enter_context(TsvWriter(path, header, columns)) if group.leader else None
+        yield out
+
+
+def inject(group: Group | None, point: str) -> None:
+    """The test hook SWCLI_FAIL_AT=RANK:POINT[:exit] (see the module's docstring)."""
+    spec = os.environ.get("SWCLI_FAIL_AT")
+    if not spec or group is None:
+        return
+    rank, _, where = spec.partition(":")
+    hard = where.endswith(":exit")
+    if rank == str(group.rank) and where.removesuffix(":exit") == point:
+        if hard:
+            os._exit(3)
+        raise SwcliError(f"failure injected at {point} (SWCLI_FAIL_AT)")
+
+
+# --------------------------------------------------------------------------------------------------
+# search
+
+
+def key_payload(keys: torch.Tensor | None, ranks: torch.Tensor | None, failed: bool, top: int, ranked: bool,
+                device) -> torch.Tensor:
+    """One rank's best keys of a query (None: none, an empty shard) as one int64 tensor on the engine's
+    device: [status, count, keys..., padding] and, ranked by E-value, their R (float64, by its bits)
+    and padding after. A fixed size, for one all-gather; the count, not a sentinel key, since any int64
+    may be a key."""
+    payload = torch.zeros(2 + top * (2 if ranked else 1), dtype=torch.int64, device=device)
+    if failed:
+        payload[0].fill_(1)  # fills, not copies from the host: nothing here waits for the device
+    elif keys is not None:
+        count = keys.numel()
+        payload[1].fill_(count)
+        payload[2:2 + count].copy_(keys)
+        if ranked:
+            payload[2 + top:2 + top + count].copy_(ranks.view(torch.int64))
+    return payload
+
+
+def merge_payloads(gathered: torch.Tensor, top: int, ranked: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The best `top` keys of every rank's payload (key_payload, stacked), best first, and ranked by
+    E-value their R: by key (score, then database order), or by R, then key (EvalueRanking.best). Keys
+    are distinct, so either order is total and these are the best of the whole database, whatever the
+    shards."""
+    from swcli.search import top_keys
+
+    counts = [int(row[1]) for row in gathered]
+    keys = torch.cat([row[2:2 + count] for row, count in zip(gathered, counts)])
+    if not ranked:
+        return top_keys(keys, top), None
+    from swcli.statistics import EvalueRanking
+
+    ranks = torch.cat([row[2 + top:2 + top + count] for row, count in zip(gathered, counts)]).view(torch.float64)
+    ranks, keys = EvalueRanking.best(ranks, keys, top)
+    return keys, ranks
+
+
+def shard_bounds(offsets: np.ndarray, size: int) -> list[tuple[int, int]]:
+    """[first, last) of each rank's range of the length order: contiguous, cut at the sequence boundary
+    nearest to each r/size of the residues (a sequence longer than a share is a shard alone, and the
+    shards around it may be empty)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    total, cuts = int(offsets[-1]), [0]
+    for rank in range(1, size):
+        target = total * rank / size
+        cut = int(np.searchsorted(offsets, target))  # the first boundary at or past the target
+        if cut > 0 and target - offsets[cut - 1] < offsets[cut] - target:
+            cut -= 1
+        cuts.append(max(cut, cuts[-1]))
+    cuts.append(len(offsets) - 1)
+    return list(zip(cuts, cuts[1:]))
+
+
+def run_search(group: Group, queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
+               header: bool = True, max_bytes: int | None = None, progress=None, formatter=None, rank=None):
+    """search.run_search shared by the ranks of `group`: the same arguments and output."""
+    from swcli.output import COLUMNS, TsvWriter
+    from swcli.search import (DEFAULT_MAX_BYTES, HitRows, Searcher, SearchStats, check_inputs, read_inputs,
+                              write_hits)
+
+    stats, finished = SearchStats(), False
+    with ExitStack() as stack:
+        with phase(group):
+            check_inputs(queries, database)
+            records, codes, db = read_inputs(queries, database, settings)
+        group.same("the queries and the database (count, residues)",
+                   [len(records), sum(map(len, codes)), len(db), db.residues])
+        stats.total, stats.sequences, stats.residues, stats.host_bytes = len(records), len(db), db.residues, db.nbytes
+        interrupt.check()
+        with phase(group):
+            searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
+                                settings.device, max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+                                gap_open=settings.gap_open, gap_extend=settings.gap_extend, rank=rank,
+                                rows=shard_bounds(db.offsets, group.size)[group.rank])
+            stats.device_bytes, stats.resident = searcher.device_bytes, searcher.resident is not None
+            if group.leader:
+                bar = stack.enter_context(progress(len(records))) if progress else None
+                out = stack.enter_context(TsvWriter(output, header, formatter.columns if formatter else COLUMNS))
+                rows_of = HitRows(db, formatter)
+                stack.callback(lambda: rows_of.close(finished))  # the details' worker: waited for once done
+
+        def write(rows: list) -> None:
+            for one in rows:
+                write_hits(out, one)
+
+        def consume(k: int, found, seconds: float) -> None:
+            stats.queries += 1
+            stats.cells += len(records[k].sequence) * db.residues
+            stats.kernel_seconds += seconds
+            if group.leader:
+                write(rows_of.put(records[k], codes[k], found))
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"{stats.gcups:.2f} GCUPS", refresh=False)
+
+        search_shard(group, searcher, codes, consume, lambda: write(rows_of.drain()) if group.leader else None)
+        finished = True
+    stats.seconds = stats.elapsed
+    return stats
+
+
+def search_shard(group: Group, searcher, query_codes: list[bytes], consume, drain=None) -> None:
+    """Each query against this rank's shard, merged with the other ranks' hits: consume(k, hits, seconds
+    of this rank's scoring calls) for query k, in order, on every rank; then drain() (rank 0's rows still
+    being formatted), before the last collective.
+
+    As in search.search_rows (Searcher.step), the scoring runs in a worker thread, waited for in short
+    steps, and query k + 1 is queued on the device before query k is finished: its pairs past the 16-bit
+    kernel scored again, its keys all-gathered (one exchange per query on every rank, failed or not) and
+    merged."""
+    from swcli.pipeline import counted_call, scoring_pool, wait_for
+    from swcli.search import hits_of
+
+    pool = scoring_pool(searcher.device, "swcli-search")
+    failure, previous, finished = None, None, False
+    try:
+        for k, codes in enumerate(chain(query_codes, [None])):  # None: finish the last query
+            current = None
+            if codes is not None:
+                pending = None
+                if failure is None:
+                    try:
+                        inject(group, f"query:{k}")
+                        pending = wait_for(pool.submit(counted_call, searcher.launch, codes))
+                    except Exception as exc:
+                        failure = exc
+                current = pending
+            if k > 0:
+                keys = None
+                if failure is None:
+                    try:
+                        wait_for(pool.submit(counted_call, searcher.rescore_overflows, previous))
+                        keys = previous.keys
+                    except Exception as exc:
+                        failure = exc
+                ranked = searcher.ranking is not None
+                sent = group.send_keys(keys, previous.ranks if keys is not None else None, failure, searcher.top,
+                                       ranked, searcher.device)
+                merged, ranks = group.merged_keys(sent, failure, searcher.top, ranked)  # raises if a rank failed
+                if failure is None:
+                    try:
+                        consume(k - 1, hits_of(merged, ranks), previous.kernel_seconds())
+                    except Exception as exc:  # rank 0's writing: said at the next collective
+                        failure = exc
+            previous = current
+        if failure is None and drain is not None:
+            try:
+                drain()
+            except Exception as exc:
+                failure = exc
+        group.agree(failure)
+        finished = True
+    finally:
+        pool.shutdown(wait=finished, cancel_futures=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# align
+
+
+def align_rows(group: Group | None, chunks: Iterable, settings, rows_of, out, stats, on_chunk=None) -> None:
+    """The rows of every chunk of pairs (rows_of(chunk, scores): bytes) written to `out` (rank 0's
+    TsvWriter) in input order; on_chunk(stats) after each chunk (with a group: each round of chunks,
+    stats then counting every rank's pairs and cells)."""
+    from swcli.pipeline import Stats, align_chunks
+
+    if group is None:
+        for chunk, scores in align_chunks(chunks, settings, stats, on_chunk):
+            out.write_bytes(rows_of(chunk, scores))
+        return
+    mine = (chunk for k, chunk in enumerate(chunks) if k % group.size == group.rank)
+    failure = None
+    with closing(align_chunks(mine, settings, Stats())) as scored:
+        for round_ in count():
+            rows, pairs, cells = None, 0, 0
+            if failure is None:
+                try:
+                    inject(group, f"chunk:{round_}")
+                    item = next(scored, None)
+                    if item is not None:
+                        chunk, scores = item
+                        rows = rows_of(chunk, scores)
+                        pairs, cells = len(chunk), int(np.dot(chunk.query_lengths, chunk.target_lengths))
+                except Exception as exc:
+                    failure = exc
+            gathered = group.gather_rows(rows, failure, pairs, cells)  # raises on every rank if one failed
+            if gathered is None:
+                return
+            parts, (round_pairs, round_cells) = gathered
+            if group.leader and failure is None:
+                try:
+                    for part in parts:
+                        out.write_bytes(part)
+                    stats.pairs += round_pairs
+                    stats.cells += round_cells
+                    if on_chunk is not None:
+                        on_chunk(stats)
+                except Exception as exc:  # said at the next round, which there always is
+                    failure = exc

@@ -1,0 +1,44 @@
+"""One rank of tests/test_distributed.py's runs: `torchrun ... tests/distributed_worker.py CASES RESULTS`.
+
+Runs swcli's main(argv) once per case of the JSON file CASES ({"name", "argv", "env"}), in this process,
+so that one torchrun start serves many commands (the ranks keep their process group between them), and
+writes {name: {"code", "stdout", "stderr"}} to RESULTS/rank<RANK>.json. stdout is what the command wrote
+there (bytes, latin-1 in the JSON); stderr what it printed.
+"""
+
+import io
+import json
+import os
+import sys
+from contextlib import redirect_stderr
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from swcli.cli import main  # noqa: E402
+
+
+def run_case(case: dict) -> dict:
+    saved_env = {name: os.environ.get(name) for name in case.get("env", {})}
+    os.environ.update(case.get("env", {}))
+    saved_stdout, stdout, stderr = sys.stdout, io.BytesIO(), io.StringIO()
+    sys.stdout = io.TextIOWrapper(stdout, encoding="utf-8", write_through=True)  # .buffer: the TSV's bytes
+    try:
+        with redirect_stderr(stderr):
+            code = main(case["argv"])
+    finally:
+        sys.stdout.flush()
+        sys.stdout.detach()  # not closing the BytesIO with it
+        sys.stdout = saved_stdout
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return {"code": code, "stdout": stdout.getvalue().decode("latin-1"), "stderr": stderr.getvalue()}
+
+
+if __name__ == "__main__":
+    cases, results = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+    outcome = {case["name"]: run_case(case) for case in cases}
+    (results / f"rank{os.environ['RANK']}.json").write_text(json.dumps(outcome))

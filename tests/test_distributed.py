@@ -1,0 +1,353 @@
+"""distributed.py: search and align on torchrun's ranks equal one process, byte for byte; failures stop all.
+
+The shards and the merge are checked in this process against one Searcher (on every device). The runs of
+several processes are two torchrun starts of 2 CPU ranks (gloo): one runs many commands in each rank
+(tests/distributed_worker.py), whose outputs are compared with the same commands in one process; the
+other is the real command line with a rank that dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from swcli import database, distributed
+from swcli.cli import main
+from swcli.details import COLUMNS
+from swcli.errors import SwcliError
+from swcli.fasta import FastaRecord
+from swcli.ops import load_engine
+from swcli.scoring import load_matrix
+from swcli.search import LOW, Searcher, hits_of, score_keys
+from swcli.statistics import KarlinAltschul
+from swcli.testing import DEVICE_PARAMS, random_protein, related_protein_pairs, run_cli, write_fasta
+
+REPO = Path(__file__).resolve().parent.parent
+BLOSUM62 = load_matrix("BLOSUM62")
+ALL_COLUMNS = ",".join(COLUMNS)
+STATISTICS = ["--lambda", "0.27", "--k", "0.04"]
+RANKED = KarlinAltschul(0.27, 0.04, "given", 1.9, -30.0)  # BLOSUM62 11/1's values, with a length correction
+
+
+def build(sequences):
+    return database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62, "db")
+
+
+# --------------------------------------------------------------------------------------------------
+# In this process: the shards, the payloads, the merge
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_shards_cover_the_length_order_balanced_by_residues(size):
+    rng = random.Random(size)
+    lengths = sorted((rng.randint(1, 400) for _ in range(500)), reverse=True)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    bounds = distributed.shard_bounds(offsets, size)
+    assert len(bounds) == size and bounds[0][0] == 0 and bounds[-1][1] == len(lengths)
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    share = offsets[-1] / size
+    for first, last in bounds:  # each cut is at the boundary nearest its share: off by half a sequence at most
+        assert abs(offsets[last] - offsets[first] - share) <= max(lengths)
+
+
+def test_a_sequence_longer_than_a_share_is_a_shard_alone_and_leaves_empty_shards():
+    offsets = np.concatenate([[0], np.cumsum([1000, 10, 10, 10])])
+    assert distributed.shard_bounds(offsets, 2) == [(0, 1), (1, 4)]
+    assert distributed.shard_bounds(offsets, 4) == [(0, 0), (0, 1), (1, 1), (1, 4)]
+    assert distributed.shard_bounds(np.zeros(1, dtype=np.int64), 3) == [(0, 0)] * 3  # an empty database
+    assert distributed.shard_bounds(np.array([0, 5]), 3) == [(0, 0), (0, 1), (1, 1)]  # fewer sequences than ranks
+
+
+def sharded_hits(db, codes, top, size, device, t, rank=None, **limits):
+    """Each query's hits as `size` ranks find them: each rank's Searcher on its shard, the payloads stacked
+    (what the all-gather gives every rank) and merged."""
+    bounds = distributed.shard_bounds(db.offsets, size)
+    searchers = [Searcher(db, BLOSUM62.tensor(), -4.0, t, top, "cuda" if device.type == "cuda" else "cpu",
+                          device, rank=rank, rows=rows, **limits) for rows in bounds]
+    found = []
+    for query in codes:
+        payloads = []
+        for searcher in searchers:
+            pending = searcher.launch(query)
+            searcher.rescore_overflows(pending)
+            payloads.append(distributed.key_payload(pending.keys, pending.ranks, False, top, rank is not None, device))
+        found.append(hits_of(*distributed.merge_payloads(torch.stack(payloads).cpu(), top, rank is not None)))
+    return found, bounds
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+@pytest.mark.parametrize("t, rank", [(0.0, None), (1.0, None), (0.0, RANKED)], ids=["t0", "t1", "t0-evalue"])
+def test_sharded_search_equals_one_searcher_bit_for_bit(device, t, rank):
+    """Every rank count, shards cut inside blocks (the blocks keep the single process's shape), resident and
+    streamed, by score and by E-value: the same hits, scores and E-values, ties by database order
+    included. 1,500 sequences of one block make a batch past the CUDA engine's switch from 1 to 8 columns
+    per lane (1,056 pairs on an H200)."""
+    load_engine(device)
+    rng = random.Random(3)
+    pairs = related_protein_pairs(4, 3, 30, 90)
+    sequences = [random_protein(rng, rng.randint(5, 60)) for _ in range(1500)] + [t for _, t in pairs]
+    sequences.insert(700, random_protein(rng, 2500))  # a long one: the first block's width
+    sequences += sequences[100:160]  # ties, in other shards
+    db = build(sequences)
+    codes = [BLOSUM62.encode(q, lambda: "query") for q, _ in pairs] + [b""]  # an empty query too
+    for limits in ({}, {"max_cells": 20_000}, {"max_cells": 20_000, "max_bytes": 0}):
+        whole = Searcher(db, BLOSUM62.tensor(), -4.0, t, 9, "cuda" if device.type == "cuda" else "cpu", device,
+                         rank=rank, **limits)
+        expected = [whole.best(c) for c in codes]
+        for size in (2, 5):
+            found, _ = sharded_hits(db, codes, 9, size, device, t, rank, **limits)
+            for want, got in zip(expected, found, strict=True):
+                assert torch.equal(got.targets, want.targets) and torch.equal(got.scores, want.scores)
+                assert (got.evalues is None) == (rank is None)
+                if rank is not None:
+                    assert got.evalues.tolist() == want.evalues.tolist()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("gaps", [{"gap": -4.0}, {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}])
+@pytest.mark.parametrize("t", [0.5, 1.0])
+def test_rows_of_length_zero_leave_the_other_rows_bits_on_cuda(gaps, t):
+    """What the shards rely on where the CUDA engine's choices depend on the whole call (lanes by the
+    batch's size, the longest pairs relayed by blocks of warps, at most 2 per SM): 1,500 pairs whose work
+    all passes the relay threshold; zeroing the head or the tail of the block, as a shard's cut does,
+    leaves every other row's score the same, bit for bit."""
+    from swcli.ops import score_checked_codes
+
+    load_engine("cuda")
+    rng = random.Random(8)
+    query = torch.tensor(list(BLOSUM62.encode(random_protein(rng, 1100), lambda: "q")), dtype=torch.uint8)
+    lengths = torch.tensor(sorted((rng.randint(300, 900) for _ in range(1500)), reverse=True))
+    codes = torch.randint(0, 20, (1500, int(lengths[0])), dtype=torch.uint8)
+    gaps = dict(gaps)
+    matrix, gap = BLOSUM62.tensor().cuda(), gaps.pop("gap")
+
+    def scores(kept):
+        cut = torch.where(kept, lengths, torch.zeros_like(lengths))
+        return score_checked_codes(query.cuda().expand(1500, -1), codes.cuda(), matrix, gap, t, None, cut.cuda(),
+                                   "cuda", **gaps).cpu()
+
+    whole = scores(torch.ones(1500, dtype=torch.bool))
+    rows = torch.arange(1500)
+    for kept in (rows >= 700, rows < 800, (rows >= 300) & (rows < 1200)):
+        assert torch.equal(scores(kept)[kept], whole[kept])
+
+
+def test_a_shard_past_the_top_and_empty_shards_merge_to_the_whole():
+    db = build(["MKV", "MKVL", "ACDEF"])
+    codes = [BLOSUM62.encode("MKVLA", lambda: "q")]
+    found, bounds = sharded_hits(db, codes, 10, 5, torch.device("cpu"), 0.0)
+    assert sum(last > first for first, last in bounds) < 5  # some ranks have nothing
+    assert sorted(found[0].targets.tolist()) == [0, 1, 2]
+    empty, _ = sharded_hits(build([]), codes, 4, 3, torch.device("cpu"), 1.0)
+    assert len(empty[0].scores) == 0
+
+
+def test_payloads_carry_status_count_and_any_int64_key():
+    keys = torch.tensor([torch.iinfo(torch.int64).max, 0, torch.iinfo(torch.int64).min])  # no value is special
+    rows = [distributed.key_payload(keys, None, False, 4, False, "cpu"),
+            distributed.key_payload(None, None, False, 4, False, "cpu"),
+            distributed.key_payload(keys[:1], None, True, 4, False, "cpu")]
+    assert rows[0].tolist()[:2] == [0, 3] and rows[1].tolist() == [0] * 6 and rows[2].tolist()[:2] == [1, 0]
+    best, ranks = distributed.merge_payloads(torch.stack(rows[:2]), 2)
+    assert best.tolist() == keys[:2].tolist() and ranks is None
+    scores, order = torch.tensor([3.0, 3.0, 5.0]), torch.tensor([7, 2, 9])
+    split = [distributed.key_payload(score_keys(scores[[k]], LOW - order[[k]]), None, False, 2, False, "cpu")
+             for k in range(3)]
+    merged = hits_of(*distributed.merge_payloads(torch.stack(split), 2))
+    assert merged.targets.tolist() == [9, 2]  # the tie between 7 and 2 goes to the earlier in the database
+
+
+def test_ranked_payloads_carry_r_bit_for_bit_and_merge_by_r_then_key():
+    """By E-value: R (float64, sent as its bits) first, then the key; 3 ranks, one of them empty."""
+    r = torch.tensor([-2.5, 1e-300, float("-inf"), 7.0, 7.0], dtype=torch.float64)
+    keys = score_keys(torch.tensor([1.0, 2.0, 3.0, 4.0, 4.0]), LOW - torch.tensor([0, 1, 2, 5, 3]))
+    rows = [distributed.key_payload(keys[:2], r[:2], False, 3, True, "cpu"),
+            distributed.key_payload(None, None, False, 3, True, "cpu"),
+            distributed.key_payload(keys[2:], r[2:], False, 3, True, "cpu")]
+    assert rows[1].shape == (8,) and rows[0][5:7].view(torch.float64).tolist() == [-2.5, 1e-300]
+    best, ranks = distributed.merge_payloads(torch.stack(rows), 3, ranked=True)
+    assert ranks.tolist() == [7.0, 7.0, 1e-300]
+    assert hits_of(best, ranks).targets.tolist() == [3, 5, 1]  # equal R: the earlier in the database
+
+
+def test_without_torchrun_there_is_no_group(monkeypatch):
+    for name in distributed.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.environment() is None and distributed.start(["-"]) is None
+    monkeypatch.setenv("RANK", "one")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(SwcliError, match="must be integers"):
+        distributed.environment()
+
+
+def test_failures_are_reported_with_their_exit_code():
+    import typer
+
+    from swcli._build import BuildError
+
+    assert distributed._report(BrokenPipeError()) == (141, None)
+    assert distributed._report(typer.Exit(3)) == (3, None)
+    assert distributed._report(SwcliError("q.fa: record 2")) == (1, "q.fa: record 2")
+    assert distributed._report(BuildError("no compiler")) == (1, "no compiler")
+    assert distributed._report(KeyError("x")) == (1, "KeyError: 'x'")
+    assert distributed._expected(SwcliError("x")) and not distributed._expected(KeyError("x"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Two ranks, through torchrun
+
+
+def torchrun(args, tmp_path, env=None, timeout=300):
+    """torchrun --standalone (a free port) with 2 ranks, this checkout first on the path."""
+    environment = {**os.environ, **(env or {}),
+                   "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           *args], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Queries; a database whose 2 shards are uneven (one long sequence holds half the residues); a
+    database of one sequence (an empty shard); its makedb folder; pair files of 13 pairs."""
+    folder = tmp_path_factory.mktemp("distributed")
+    rng = random.Random(21)
+    related = related_protein_pairs(22, 4, 20, 90)
+    sequences = [random_protein(rng, rng.randint(5, 80)) for _ in range(120)] + [t for _, t in related]
+    sequences.insert(40, random_protein(rng, 6000))
+    sequences += sequences[:8]  # ties
+    assert distributed.shard_bounds(build(sequences).offsets, 2)[0] == (0, 1)
+    pairs = related_protein_pairs(23, 13, 1, 70)
+    bad = [t for _, t in pairs]
+    bad[4] = bad[4][:2] + "1" + bad[4][3:]  # pair 5: chunk 1 of --chunk-size 3, rank 1's
+    paths = {
+        "q": write_fasta(folder / "q.fa", [(f"q{k}", q) for k, (q, _) in enumerate(related)]),
+        "db": write_fasta(folder / "db.fa", [(f"d{k}", s) for k, s in enumerate(sequences)]),
+        "one": write_fasta(folder / "one.fa", [("only", sequences[3])]),
+        "pq": write_fasta(folder / "pq.fa", [(f"p{k}", q) for k, (q, _) in enumerate(pairs)]),
+        "pt": write_fasta(folder / "pt.fa", [(f"t{k}", t) for k, (_, t) in enumerate(pairs)]),
+        "bad": write_fasta(folder / "bad.fa", [(f"t{k}", t) for k, t in enumerate(bad)]),
+        "prepared": str(folder / "prepared"),
+    }
+    load_engine("cpu")  # built before the ranks start, so that no rank says it compiles
+    assert main(["makedb", paths["db"], paths["prepared"]]) == 0
+    return folder, paths
+
+
+def commands(paths, folder):
+    """(name, argv, env) of the commands each rank runs; failures between successes, so that a failure
+    is seen to leave the ranks in step."""
+    p, cpu = paths, ["--backend", "cpu"]
+    out = lambda name: str(folder / name)  # noqa: E731
+    return [
+        ("search", ["search", p["q"], p["db"], "-k", "7", "-t", "1", *cpu], {}),
+        ("search_fails_on_rank_1", ["search", p["q"], p["db"], "-t", "1", "-o", out("kept1.tsv"), *cpu],
+         {"SWCLI_FAIL_AT": "1:query:2"}),
+        ("search_details", ["search", p["q"], p["prepared"], "-t", "0", "--gap-open", "-11", "--gap-extend", "-1",
+                            "--format-output", ALL_COLUMNS, *STATISTICS, "-o", out("details.tsv"), *cpu], {}),
+        ("search_fails_on_rank_0", ["search", p["q"], p["db"], *cpu], {"SWCLI_FAIL_AT": "0:query:0"}),
+        ("search_by_evalue", ["search", p["q"], p["db"], "-k", "5", "-t", "0", "--gap-open", "-11", "--gap-extend", "-1",
+                              "--rank", "evalue", *STATISTICS, "--alpha", "1.9", "--beta", "-30", "--format-output",
+                              "query,target,tlen,score,evalue,cigar", *cpu], {}),
+        ("search_empty_shard", ["search", p["q"], p["one"], "-k", "3", "-t", "1", "--max-memory", "0", *cpu], {}),
+        ("align_details", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-t", "1", "--format-output", ALL_COLUMNS,
+                           *STATISTICS, "-o", out("align.tsv"), *cpu], {}),
+        ("align_bad_letter_on_rank_1", ["align", p["pq"], p["bad"], "--chunk-size", "3", "-o", out("kept2.tsv"), *cpu],
+         {}),
+        ("align_fails_at_setup", ["align", p["pq"], p["pt"], *cpu], {"SWCLI_FAIL_AT": "1:setup"}),
+        ("align_all_vs_all", ["align", p["pq"], "--all-vs-all", "--chunk-size", "7", "-t", "0", *cpu], {}),
+        ("align_fails_midway", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-o", out("kept3.tsv"), *cpu],
+         {"SWCLI_FAIL_AT": "1:chunk:1"}),
+        ("stdin", ["search", "-", p["db"], *cpu], {}),
+    ]
+
+
+@pytest.fixture(scope="module")
+def ranks(files):
+    """Every command run by 2 ranks in one torchrun start: {name: [rank 0's, rank 1's outcome]}."""
+    folder, paths = files
+    for name in ("kept1.tsv", "kept2.tsv", "kept3.tsv"):
+        (folder / name).write_text("old\n")
+    cases = [{"name": n, "argv": argv, "env": env} for n, argv, env in commands(paths, folder)]
+    (folder / "cases.json").write_text(json.dumps(cases))
+    (folder / "results").mkdir()
+    run = torchrun([str(REPO / "tests" / "distributed_worker.py"), str(folder / "cases.json"),
+                    str(folder / "results")], folder)
+    assert run.returncode == 0, run.stderr[-3000:]
+    outcomes = [json.loads((folder / "results" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return {name: [outcome[name] for outcome in outcomes] for name in outcomes[0]}
+
+
+def one_process(argv, capsys):
+    """The command in this process (no torchrun): exit code, stdout, stderr."""
+    return run_cli(argv, capsys)
+
+
+@pytest.mark.parametrize("name", ["search", "search_details", "search_by_evalue", "search_empty_shard",
+                                  "align_details", "align_all_vs_all"])
+def test_two_ranks_write_what_one_process_writes(ranks, files, capsys, tmp_path, name):
+    folder, paths = files
+    argv = {n: argv for n, argv, _ in commands(paths, folder)}[name]
+    written = None
+    if "-o" in argv:  # the same command, into a file of its own
+        at = argv.index("-o") + 1
+        written = Path(argv[at]).read_bytes()
+        argv = [*argv[:at], str(tmp_path / "one.tsv"), *argv[at + 1:]]
+    code, out, err = one_process(argv, capsys)
+    first, second = ranks[name]
+    assert code == first["code"] == second["code"] == 0
+    if written is not None:
+        assert written == (tmp_path / "one.tsv").read_bytes() and written.count(b"\n") > 3
+    else:
+        assert first["stdout"].encode("latin-1") == out.encode() and out.count("\n") > 3
+    assert first["stderr"] == err and second["stderr"] == second["stdout"] == ""  # rank 0 speaks alone
+
+
+@pytest.mark.parametrize("name, rank, message", [
+    ("search_fails_on_rank_1", 1, "failure injected at query:2 (SWCLI_FAIL_AT)"),
+    ("search_fails_on_rank_0", 0, "failure injected at query:0 (SWCLI_FAIL_AT)"),
+    ("align_fails_at_setup", 1, "failure injected at setup (SWCLI_FAIL_AT)"),
+    ("align_fails_midway", 1, "failure injected at chunk:1 (SWCLI_FAIL_AT)"),
+    ("stdin", 0, "with several processes (torchrun) every rank reads the inputs: give files, not stdin ('-')"),
+])
+def test_a_failing_rank_stops_every_rank_and_rank_0_says_why(ranks, files, name, rank, message):
+    folder, _ = files
+    first, second = ranks[name]
+    assert first["code"] == second["code"] == 1
+    where = f"rank {rank}: " if rank else ""
+    assert first["stderr"] == f"swcli: error: {where}{message}\n" and second["stderr"] == ""
+    assert first["stdout"] == second["stdout"] == ""
+    for kept in ("kept1.tsv", "kept3.tsv"):  # the existing outputs are as they were, and alone
+        assert (folder / kept).read_text() == "old\n"
+    assert not list(folder.glob(".*.part"))
+
+
+def test_a_bad_letter_seen_by_one_rank_is_its_error(ranks, files, capsys):
+    folder, paths = files
+    code, _, err = one_process(["align", paths["pq"], paths["bad"], "--backend", "cpu"], capsys)
+    assert code == 1 and "bad.fa: record 5 (t4): invalid letter '1' at position 3" in err
+    first, second = ranks["align_bad_letter_on_rank_1"]
+    assert first["code"] == second["code"] == 1
+    assert first["stderr"] == err.replace("swcli: error: ", "swcli: error: rank 1: ") and second["stderr"] == ""
+    assert (folder / "kept2.tsv").read_text() == "old\n"
+
+
+def test_a_rank_that_dies_fails_the_run_and_keeps_the_output(files, tmp_path):
+    """The real command line: rank 1 ends at once (as when killed); rank 0 stops, removes its temporary
+    file, and torchrun exits non-zero."""
+    _, paths = files
+    out = tmp_path / "hits.tsv"
+    out.write_text("old\n")
+    run = torchrun(["-m", "swcli", "search", paths["q"], paths["db"], "--backend", "cpu", "-o", str(out)], tmp_path,
+                   {"SWCLI_FAIL_AT": "1:query:1:exit"})
+    assert run.returncode != 0
+    assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["hits.tsv"]
