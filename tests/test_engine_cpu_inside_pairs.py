@@ -156,6 +156,38 @@ def test_affine_int16_saturation_is_scored_again_wider():
     assert out.tolist() == expected
 
 
+def test_a_long_pair_on_threads_that_run_one_after_the_other():
+    """torch asks for 2 threads but OpenMP gives 1 (OMP_THREAD_LIMIT=1): at::parallel_for then runs the
+    threads' work in one thread, in order; the pair's strips and chunks must still all be swept (a strip
+    fixed to a thread waited there for one that could not start). In a child process, with a time limit."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    program = """
+import random, torch
+torch.set_num_threads(2)
+from swcli.ops import soft_smith_waterman_codes as op
+from swcli.testing import code_batch
+rng = random.Random(3)
+pairs = [tuple("".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(n)) for n in (1500, 1400))]
+q, t, ql, tl, m = code_batch(pairs)
+print(op(q, t, m, -4.0, 1.0).item(), op(q, t, m, -4.0, 0.0).item(), op(q, t, m, -4.25, 0.0).item())
+"""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1", "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with threads(1):
+        rng = random.Random(3)
+        pair = [tuple("".join(rng.choice("ACDEFGHIKLMNPQRSTVWY") for _ in range(n)) for n in (1500, 1400))]
+        q, t, qlen, tlen, m = code_batch(pair)
+        expected = [soft_smith_waterman_codes(q, t, m, gap, temperature).item()
+                    for gap, temperature in ((-4.0, 1.0), (-4.0, 0.0), (-4.25, 0.0))]
+    assert [float(x) for x in done.stdout.split()] == expected
+
+
 # --------------------------------------------------------------------------------------------------
 # t > 0: the soft strips
 

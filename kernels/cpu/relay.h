@@ -1,7 +1,8 @@
 // One pair shared by several threads: its rows are cut into chunks, chunk k sweeps its rows over every
 // column, and reads the last row of chunk k-1 as that chunk publishes it, a few columns behind. Each
-// chunk waits only for chunks before it, so the chunks cannot deadlock whatever the threads run them in,
-// as long as each thread takes its chunks in increasing order (at::parallel_for does).
+// chunk waits only for chunks before it, so the chunks cannot deadlock as long as no thread takes a
+// chunk before an earlier one is taken: at::parallel_for gives each thread a range in increasing order,
+// and runs the whole range in order where it runs serially (a nested call).
 #pragma once
 
 #if defined(__x86_64__)

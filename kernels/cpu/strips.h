@@ -390,9 +390,11 @@ void sweep_pair(const Cell& cell, const StripPair& p, Source& source, std::vecto
   }
 }
 
-// The strips of one pair shared by `threads` threads: strip r in thread r mod threads, reading strip
-// r-1's last row as it is published. A strip writes its last row into one of threads + 2 rows in turn,
-// once the strip that read what that row held before is done.
+// The strips of one pair shared by `threads` workers: each takes the next strip in order, reading the
+// last row of the strip before as it is published. Handed out in order, a strip waits only for strips
+// already handed out, so the workers cannot deadlock even where at::parallel_for runs them one after
+// the other (a nested call); a fixed strip r for worker r mod threads would, there. A strip writes its
+// last row into one of threads + 2 rows in turn, once the strip that read what that row held is done.
 template <typename Cell, int kP, typename Source>
 void sweep_pair_threaded(const Cell& cell, const StripPair& p, const Source& prototype, int64_t threads,
                          std::vector<typename Cell::Best>& bests) {
@@ -404,11 +406,12 @@ void sweep_pair_threaded(const Cell& cell, const StripPair& p, const Source& pro
   std::vector<std::vector<Scalar>> last_rows(ring, std::vector<Scalar>(p.cols));
   Relay relay(strips);
   bests.assign(threads, cell.no_best());
+  std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       Source source = prototype;
       source.start_pair(p);
-      for (int64_t r = w; r < strips; r += threads) {
+      for (int64_t r = next++; r < strips; r = next++) {
         if (r + 1 < strips && r - ring + 1 >= 0) relay.wait(r - ring + 1, p.cols);  // its row read in full
         RowAbove<Scalar> above;
         if (r > 0) above = RowAbove<Scalar>{&relay, r - 1, last_rows[(r - 1) % ring].data(), 0};
