@@ -368,8 +368,9 @@ def test_output_to_a_fifo_and_to_dev_null(tmp_path, capsys):
 
 # ------------------------------------------------------------------------ signals, in real processes
 
-def slow_input(tmp_path, length=12000, pairs=1):
-    """Pairs that take seconds to score on the CPU (12,000 x 12,000: about 4 s on two cores)."""
+def slow_input(tmp_path, length=120_000, pairs=1):
+    """Pairs that take seconds to score on the CPU (120,000 x 120,000 at t = 1: about 5 s on two cores;
+    the engine sweeps a long pair at a few GCUPS)."""
     import random
 
     rng = random.Random(7)
@@ -439,11 +440,11 @@ def test_an_early_signal_is_never_lost(tmp_path, engine_built, signal_name, dela
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_an_interrupt_does_not_wait_for_a_long_engine_call(tmp_path, engine_built, signal_name):
-    """One 20,000 x 20,000 pair takes about 10 s on this machine's CPU, in one engine call."""
+    """One 200,000 x 200,000 pair takes more than 10 s on this machine's CPU, in one engine call."""
     import signal
     import time
 
-    path = slow_input(tmp_path, 20000)
+    path = slow_input(tmp_path, 200_000)
     out = tmp_path / "out"
     out.mkdir()
     existing = out / "result.tsv"
@@ -462,21 +463,21 @@ def test_an_interrupt_does_not_wait_for_a_long_engine_call(tmp_path, engine_buil
 def test_an_error_does_not_wait_for_a_long_engine_call(tmp_path, engine_built):
     import time
 
-    big = Path(slow_input(tmp_path, 20000)).read_text()
+    big = Path(slow_input(tmp_path, 200_000)).read_text()
     path = tmp_path / "late.fa"
     path.write_text(big + ">x\nMKV1\n>y\nMK\n")
     started = time.monotonic()
     proc = start(["align", str(path), "--chunk-size", "1", "-o", "out.tsv"], tmp_path)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "record 3 (x): invalid letter '1'" in stderr
-    assert time.monotonic() - started < 6.0  # the call on the first pair takes 10 s
-    assert sorted(os.listdir(tmp_path)) == ["late.fa", "slow20000.fa"]
+    assert time.monotonic() - started < 6.0  # the call on the first pair takes more than 10 s
+    assert sorted(os.listdir(tmp_path)) == ["late.fa", "slow200000.fa"]
 
 
 def test_a_killed_run_leaves_a_temporary_that_the_next_run_removes(tmp_path, engine_built):
     import signal
 
-    path = slow_input(tmp_path, 8000)
+    path = slow_input(tmp_path, 100_000)
     out = tmp_path / "out"
     out.mkdir()
     proc = start(["align", path, "-o", str(out / "result.tsv")], tmp_path)

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "sources.h"
 
@@ -35,11 +36,11 @@ struct AffineTables {
   T* Y;
 };
 
-// scores[p] of every pair, and with tables (else null) their H, X and Y. Instantiated in
-// affine_forward.cpp for DenseSource<float>, DenseSource<double> and CodeSource.
+// scores[p] of every pair (of `pairs` only, where given), and with tables (else null) their H, X and Y.
+// Instantiated in affine_forward.cpp for DenseSource<float>, DenseSource<double> and CodeSource.
 template <typename T, typename Source>
 void affine_forward(const Problem& pr, const Source& prototype, AffineGaps<T> gaps, T temperature, T* scores,
-                    const AffineTables<T>* tables);
+                    const AffineTables<T>* tables, const std::vector<int64_t>* pairs = nullptr);
 
 // What flowed along the gap edges of a pair: d score / d gap_open (the expected number of gap openings)
 // and d score / d gap_extend (of extensions), each times the incoming gradient.

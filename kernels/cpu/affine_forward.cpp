@@ -105,8 +105,9 @@ void affine_worker(const Problem& pr, Source& source, const std::vector<int64_t>
 
 template <typename T, typename Source>
 void affine_forward(const Problem& pr, const Source& prototype, AffineGaps<T> gaps, T temperature, T* scores,
-                    const AffineTables<T>* tables) {
-  const std::vector<int64_t> queue = longest_first(pr);
+                    const AffineTables<T>* tables, const std::vector<int64_t>* pairs) {
+  if (pairs != nullptr && pairs->empty()) return;
+  const std::vector<int64_t> queue = pairs != nullptr ? longest_first(pr, *pairs) : longest_first(pr);
   in_workers<T>(queue, prototype, [&](Source& source, std::atomic<int64_t>& next, int64_t) {
     if (temperature == T(0))
       affine_worker<T, true>(pr, source, queue, next, gaps, temperature, scores, tables);
@@ -116,11 +117,12 @@ void affine_forward(const Problem& pr, const Source& prototype, AffineGaps<T> ga
 }
 
 template void affine_forward<float, DenseSource<float>>(const Problem&, const DenseSource<float>&, AffineGaps<float>,
-                                                        float, float*, const AffineTables<float>*);
+                                                        float, float*, const AffineTables<float>*,
+                                                        const std::vector<int64_t>*);
 template void affine_forward<double, DenseSource<double>>(const Problem&, const DenseSource<double>&,
                                                           AffineGaps<double>, double, double*,
-                                                          const AffineTables<double>*);
+                                                          const AffineTables<double>*, const std::vector<int64_t>*);
 template void affine_forward<float, CodeSource>(const Problem&, const CodeSource&, AffineGaps<float>, float, float*,
-                                                const AffineTables<float>*);
+                                                const AffineTables<float>*, const std::vector<int64_t>*);
 
 }  // namespace swcli_cpu

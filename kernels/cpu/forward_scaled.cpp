@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -207,8 +208,18 @@ std::vector<int64_t> scaled_pairs(const Problem& pr, const Source& prototype, co
 template <bool POWERS, typename Source>
 void forward_scaled(const Problem& pr, const Source& scaled_source, const Source& log_source, float gap,
                     float temperature, float* scores, float* dp_table, int64_t& log_pairs) {
+  std::vector<int64_t> all(pr.B);
+  std::iota(all.begin(), all.end(), 0);
+  forward_scaled<POWERS>(pr, all, scaled_source, log_source, gap, temperature, scores, dp_table, log_pairs);
+}
+
+template <bool POWERS, typename Source>
+void forward_scaled(const Problem& pr, const std::vector<int64_t>& pairs, const Source& scaled_source,
+                    const Source& log_source, float gap, float temperature, float* scores, float* dp_table,
+                    int64_t& log_pairs) {
+  if (pairs.empty()) return;
   std::vector<int64_t> again =
-      scaled_pairs<POWERS>(pr, scaled_source, longest_first(pr), gap, temperature, scores, dp_table);
+      scaled_pairs<POWERS>(pr, scaled_source, longest_first(pr, pairs), gap, temperature, scores, dp_table);
   log_pairs += static_cast<int64_t>(again.size());
   if (again.empty()) return;
   std::sort(again.begin(), again.end());  // the workers' lists come in any order: the batch's, for ties
@@ -220,5 +231,10 @@ template void forward_scaled<false, DenseSource<float>>(const Problem&, const De
                                                         int64_t&);
 template void forward_scaled<true, CodeSource>(const Problem&, const CodeSource&, const CodeSource&, float, float,
                                                float*, float*, int64_t&);
+template void forward_scaled<false, DenseSource<float>>(const Problem&, const std::vector<int64_t>&,
+                                                        const DenseSource<float>&, const DenseSource<float>&, float,
+                                                        float, float*, float*, int64_t&);
+template void forward_scaled<true, CodeSource>(const Problem&, const std::vector<int64_t>&, const CodeSource&,
+                                               const CodeSource&, float, float, float*, float*, int64_t&);
 
 }  // namespace swcli_cpu

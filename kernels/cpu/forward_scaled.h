@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "sources.h"
 
@@ -16,6 +17,12 @@ namespace swcli_cpu {
 template <bool POWERS, typename Source>
 void forward_scaled(const Problem& pr, const Source& scaled_source, const Source& log_source, float gap,
                     float temperature, float* scores, float* dp_table, int64_t& log_pairs);
+
+// The same for the pairs `pairs` of the batch only.
+template <bool POWERS, typename Source>
+void forward_scaled(const Problem& pr, const std::vector<int64_t>& pairs, const Source& scaled_source,
+                    const Source& log_source, float gap, float temperature, float* scores, float* dp_table,
+                    int64_t& log_pairs);
 
 // Whether the scaled sweep takes a float call: allowed by the caller, t > 0 and gap <= 0 (each gap step
 // can only shrink E).

@@ -17,6 +17,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "affine.h"
@@ -25,6 +26,10 @@
 #include "forward_scaled.h"
 #include "simd.h"
 #include "sources.h"
+#include "striped.h"
+#include "strips.h"
+#include "strips_hard.h"
+#include "strips_soft.h"
 
 namespace swcli_cpu {
 namespace {
@@ -92,6 +97,18 @@ DenseSource<T> dense_source(const at::Tensor& S, const at::Tensor& tlen) {
                         {}};
 }
 
+// The pairs of `pairs` (every pair of the batch when empty) that take the strips, and the others, which
+// stay with the sweeps across pairs. The rule is the pair's own (its lengths, whether its scores are
+// dense), never the batch's, so that a pair gets the same bits alone or in any batch.
+void split_by_strips(const Problem& pr, bool strips_allowed, bool dense, std::vector<int64_t>& strips,
+                     std::vector<int64_t>& across, const std::vector<int64_t>& pairs = {}) {
+  const int64_t count = pairs.empty() ? pr.B : static_cast<int64_t>(pairs.size());
+  for (int64_t n = 0; n < count; ++n) {
+    const int64_t b = pairs.empty() ? n : pairs[n];
+    (strips_allowed && strips_take(pr.qlen[b], pr.tlen[b], dense) ? strips : across).push_back(b);
+  }
+}
+
 // Scores (B,) of dense S, and with keep_dp_table its DP table H (B, M+1, N+1), else an empty tensor.
 // scaled: allow the scaled sweep (float32 at t > 0).
 std::tuple<at::Tensor, at::Tensor> dense_forward(const at::Tensor& S, const std::optional<at::Tensor>& query_lengths,
@@ -112,9 +129,28 @@ std::tuple<at::Tensor, at::Tensor> dense_forward(const at::Tensor& S, const std:
     const auto t = static_cast<scalar_t>(temperature);
     const DenseSource<scalar_t> source = dense_source<scalar_t>(S, tlen);
     if constexpr (std::is_same<scalar_t, float>::value) {
+      if (temperature == 0) {  // long pairs in the hard strips, the others across pairs: the same floats
+        float* table = keep_dp_table ? dp.data_ptr<float>() : nullptr;
+        std::vector<int64_t> strips, across;
+        split_by_strips(pr, true, true, strips, across);
+        hard_strip_scores_dense(pr, S.data_ptr<float>(), S.stride(0), S.stride(1), S.stride(2), strips,
+                                static_cast<float>(gap), scores.data_ptr<float>(), table, across);
+        if (!across.empty()) {
+          std::sort(across.begin(), across.end());
+          forward_pairs<float>(pr, source, longest_first(pr, std::move(across)), static_cast<float>(gap), 0.0f,
+                               scores.data_ptr<float>(), table);
+        }
+        return;
+      }
       if (scaled_applies(scaled, gap, temperature)) {
-        forward_scaled<false>(pr, source, source, static_cast<float>(gap), t, scores.data_ptr<float>(),
-                              keep_dp_table ? dp.data_ptr<float>() : nullptr, to_log);
+        float* table = keep_dp_table ? dp.data_ptr<float>() : nullptr;
+        std::vector<int64_t> strips, across;
+        split_by_strips(pr, soft_strips_apply(gap, temperature, 0.0), true, strips, across);
+        soft_strip_scores_dense(pr, S.data_ptr<float>(), S.stride(0), S.stride(1), S.stride(2), strips,
+                                static_cast<float>(gap), t, scores.data_ptr<float>(), table, across);
+        std::sort(across.begin(), across.end());
+        forward_scaled<false>(pr, across, source, source, static_cast<float>(gap), t, scores.data_ptr<float>(), table,
+                              to_log);
         return;
       }
     }
@@ -212,11 +248,61 @@ at::Tensor scores_codes_cpu(const at::Tensor& query, const at::Tensor& target, c
     }
   }
   int64_t to_log = 0;
-  if (!powers.empty()) {
-    CodeSource with_powers = in.source;
-    with_powers.matrix = powers.data();
-    forward_scaled<true>(pr, with_powers, in.source, static_cast<float>(gap), static_cast<float>(temperature),
-                         scores.data_ptr<float>(), nullptr, to_log);
+  IntegerScoring integers;
+  if (temperature == 0) {
+    // Exact in int16 where the matrix and the gap are integers; the pairs that may have saturated, or
+    // every pair where they are not, in float: long pairs in the hard strips, the others across pairs.
+    std::vector<int64_t> strips, across;
+    if (integer_scoring(in.table.data_ptr<float>(), K, static_cast<float>(gap), static_cast<float>(gap), integers)) {
+      std::vector<int64_t> striped, in_float;
+      const bool shared = in.source.query_stride == 0;
+      for (int64_t b = 0; b < pr.B; ++b)
+        (striped_takes(pr.qlen[b], pr.tlen[b], shared) ? striped : in_float).push_back(b);
+      striped_scores(pr, in.source, integers, striped, scores.data_ptr<float>(), in_float);
+      std::sort(in_float.begin(), in_float.end());
+      if (!in_float.empty()) split_by_strips(pr, true, false, strips, across, in_float);
+    } else {
+      split_by_strips(pr, true, false, strips, across);
+    }
+    if (!strips.empty()) {
+      const float* m = in.table.data_ptr<float>();
+      std::vector<float> transposed(K * K);
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < K; ++b) transposed[b * K + a] = m[a * K + b];
+      hard_strip_scores_codes(pr, in.source, m, transposed.data(), strips, static_cast<float>(gap),
+                              scores.data_ptr<float>(), nullptr);
+    }
+    if (!across.empty())
+      forward_pairs<float>(pr, in.source, longest_first(pr, std::move(across)), static_cast<float>(gap), 0.0f,
+                           scores.data_ptr<float>(), nullptr);
+  } else if (scaled_applies(scaled, gap, temperature)) {
+    // Long pairs in the strips where the matrix is finite and in their range, the rest across pairs:
+    // scaled where every power is at most 2^60, else in log space.
+    const float* m = in.table.data_ptr<float>();
+    float largest = -std::numeric_limits<float>::infinity();
+    bool finite = true;
+    for (int64_t x = 0; x < K * K; ++x) finite = finite && std::isfinite(m[x]), largest = std::max(largest, m[x]);
+    std::vector<int64_t> strips, across;
+    split_by_strips(pr, finite && soft_strips_apply(gap, temperature, largest), false, strips, across);
+    if (!strips.empty()) {
+      const double c = log2e_over<float>(temperature);
+      std::vector<float> all_powers(K * K), transposed(K * K);
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < K; ++b)
+          transposed[b * K + a] = all_powers[a * K + b] = static_cast<float>(std::exp2(double(m[a * K + b]) * c));
+      soft_strip_scores_codes(pr, in.source, all_powers.data(), transposed.data(), strips, static_cast<float>(gap),
+                              static_cast<float>(temperature), scores.data_ptr<float>(), nullptr, across);
+      std::sort(across.begin(), across.end());
+    }
+    if (!powers.empty()) {
+      CodeSource with_powers = in.source;
+      with_powers.matrix = powers.data();
+      forward_scaled<true>(pr, across, with_powers, in.source, static_cast<float>(gap),
+                           static_cast<float>(temperature), scores.data_ptr<float>(), nullptr, to_log);
+    } else if (!across.empty()) {
+      forward_pairs<float>(pr, in.source, longest_first(pr, std::move(across)), static_cast<float>(gap),
+                           static_cast<float>(temperature), scores.data_ptr<float>(), nullptr);
+    }
   } else {
     forward_all<float>(pr, in.source, static_cast<float>(gap), static_cast<float>(temperature),
                        scores.data_ptr<float>(), nullptr);
@@ -381,9 +467,24 @@ at::Tensor op_affine_scores_codes(const at::Tensor& query, const at::Tensor& tar
   check_affine_gaps(gap_open, gap_extend);
   const CodeInputs in = code_inputs(query, target, matrix, query_lengths, target_lengths);
   at::Tensor scores = at::zeros({in.pr.B}, matrix.options().dtype(at::kFloat));
-  affine_forward<float>(in.pr, in.source,
-                        AffineGaps<float>{static_cast<float>(gap_open), static_cast<float>(gap_extend)},
-                        static_cast<float>(temperature), scores.data_ptr<float>(), nullptr);
+  const AffineGaps<float> gaps{static_cast<float>(gap_open), static_cast<float>(gap_extend)};
+  IntegerScoring integers;
+  if (temperature == 0 && integer_scoring(in.table.data_ptr<float>(), in.table.size(0), gaps.open, gaps.extend,
+                                          integers)) {
+    // Exact in int16 (pairs long enough for it), the others and the pairs that may have saturated across
+    // pairs, in float.
+    std::vector<int64_t> striped, across;
+    const bool shared = in.source.query_stride == 0;
+    for (int64_t b = 0; b < in.pr.B; ++b)
+      (striped_takes(in.pr.qlen[b], in.pr.tlen[b], shared) ? striped : across).push_back(b);
+    striped_scores(in.pr, in.source, integers, striped, scores.data_ptr<float>(), across);
+    if (!across.empty()) {
+      std::sort(across.begin(), across.end());
+      affine_forward<float>(in.pr, in.source, gaps, 0.0f, scores.data_ptr<float>(), nullptr, &across);
+    }
+    return scores;
+  }
+  affine_forward<float>(in.pr, in.source, gaps, static_cast<float>(temperature), scores.data_ptr<float>(), nullptr);
   return scores;
 }
 
