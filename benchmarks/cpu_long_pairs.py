@@ -18,7 +18,7 @@ Each time is the best of --repeats runs (the tools' runs interleaved, so that a 
 alike); GCUPS = cells / s / 1e9. A markdown table is printed last; --out writes the figures as JSON.
 
     python3 -m pip install parasail        # the benchmark's peer only: not a dependency of swcli
-    python3 benchmarks/cpu_long_pairs.py /work/shared/data/proteins.fasta [--out FILE] [--repeats 5]
+    python3 benchmarks/cpu_long_pairs.py proteins.fasta [--out FILE] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("fasta", help="real proteins for the search (e.g. /work/shared/data/proteins.fasta)")
+    parser.add_argument("fasta", help="real proteins for the search (e.g. the 250 UniProt proteins of the H200 record)")
     parser.add_argument("--out", help="write the figures as JSON here")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
