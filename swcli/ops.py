@@ -721,6 +721,20 @@ def _in_functorch() -> bool:
     return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None
 
 
+def _per_pair_under_functorch(S: torch.Tensor, affine: bool) -> bool:
+    """Whether an active torch.func transform sends a call with number gaps to the per-pair operators: a
+    differentiating one (grad, vjp, jacrev, jvp) always, since only they carry gradients to the gaps and t
+    under it; vmap alone only where S's engine has them (else the scores operators, under torch's own
+    per-example vmap fallback: slower, but what an engine without them can run)."""
+    if not _in_functorch():
+        return False
+    differentiating = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+    if any(i.key() in differentiating for i in torch._C._functorch.get_interpreter_stack() or ()):
+        return True
+    name = "affine_posterior_per_pair" if affine else "posterior_per_pair"
+    return not S.is_cuda or torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{name}", "CUDA")
+
+
 def soft_smith_waterman(
     score_matrix: torch.Tensor,
     gap: float | torch.Tensor | None = None,
@@ -768,6 +782,8 @@ def soft_smith_waterman(
         return _scores(score_matrix, None, None, gap, temperature)
     if not isinstance(score_matrix, torch.Tensor):
         raise ValueError(f"score_matrix must be a torch.Tensor, got {type(score_matrix).__name__}")
+    if not isinstance(return_posterior, bool):
+        raise ValueError(f"return_posterior must be True or False, got {return_posterior!r}")
     if score_matrix.dim() != 3:
         raise ValueError(f"score_matrix must be 3-D (B, M, N), got shape {tuple(score_matrix.shape)}")
     dtype = score_matrix.dtype
@@ -781,7 +797,8 @@ def soft_smith_waterman(
     if dtype is torch.float16 or dtype is torch.bfloat16:
         S = S.float()
     gaps = (gap,) if affine is None else affine
-    if any(isinstance(x, torch.Tensor) for x in (*gaps, temperature)) or _in_functorch():
+    if (any(isinstance(x, torch.Tensor) for x in (*gaps, temperature))
+            or _per_pair_under_functorch(S, affine is not None)):
         scores, posterior = _per_pair_scores(S, qlen, tlen, gaps, temperature, backend, return_posterior)
     elif return_posterior:
         scores, posterior = _scores_and_posterior(S, qlen, tlen, gaps, temperature, backend)
@@ -880,7 +897,8 @@ def _per_pair_parameters(S, gaps, temperature):
         if value.dtype == torch.bool or value.dtype.is_complex:
             raise ValueError(f"{name} must hold real numbers, got dtype {value.dtype}")
         values.append(value.to(device=S.device, dtype=S.dtype).expand(B))
-    if not _capturing_graph() and not _in_functorch() and S.device.type != "meta" and B:
+    if (not _capturing_graph() and not _in_functorch() and S.device.type != "meta" and B
+            and torch._guards.detect_fake_mode(S) is None):
         _check_per_pair_values(names, values, needs_positive_temperature=torch.is_grad_enabled()
                                and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
     return values
@@ -921,6 +939,7 @@ def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_post
     """(scores, posterior or None) where a gap or the temperature is a tensor (or a torch.func transform is
     active): the per-pair operators, differentiable in S, the gaps and the temperature."""
     if backend == "reference":
+        _per_pair_parameters(S, gaps, temperature)  # their checks, as for the engines
         if return_posterior:
             return _reference_scores_and_posterior(S, qlen, tlen, gaps, temperature)
         if len(gaps) == 1:
@@ -983,6 +1002,8 @@ def soft_smith_waterman_codes(
         temperature, backend, query_codes, (B, M, target_codes.shape[1]), query_lengths, target_lengths,
         (_code_range("query_codes", query_codes, K), _code_range("target_codes", target_codes, K)))
     gap_open, gap_extend = affine or (None, None)
+    if not isinstance(return_posterior, bool):
+        raise ValueError(f"return_posterior must be True or False, got {return_posterior!r}")
     if return_posterior:
         matrix = matrix.to(query_codes.device)
         S = matrix[query_codes.long()[:, :, None], target_codes.long()[:, None, :]]
@@ -1059,8 +1080,11 @@ class SoftSmithWaterman(nn.Module):
     @temperature.setter
     def temperature(self, value) -> None:
         if "log_temperature" in self._parameters:
+            value = _check_number("temperature", value)
+            if not value > 0:
+                raise ValueError(f"a learnable temperature must be > 0 (it is held as its log), got {value}")
             with torch.no_grad():
-                self.log_temperature.fill_(math.log(_check_number("temperature", value)))
+                self.log_temperature.fill_(math.log(value))
         else:
             self._temperature = value
 

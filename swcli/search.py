@@ -158,9 +158,11 @@ def _to(tensor: torch.Tensor, device) -> torch.Tensor:
 
 
 def make_block(database: Database, start: int, stop: int, device, flat: torch.Tensor | None = None,
-               lengths: np.ndarray | None = None, owned: tuple[int, int] | None = None) -> Block:
+               lengths: np.ndarray | None = None, owned: tuple[int, int] | None = None,
+               flat_start: int = 0) -> Block:
     """Sequences start..stop-1 of the length order, padded on `device` from their flat codes: `flat`,
-    the whole database's codes already there, or else this block's residues, copied now.
+    the database's codes from residue flat_start on already there, or else this block's residues, copied
+    now.
 
     owned: a shard's part [first, last) of the block (distributed.py): the block keeps its shape and its
     other rows get length 0, so that the engine call is the one a single process makes (the CUDA engine
@@ -172,7 +174,8 @@ def make_block(database: Database, start: int, stop: int, device, flat: torch.Te
         lengths = lengths.copy()
         lengths[:first - start], lengths[last - start:] = 0, 0
     begin, end = int(database.offsets[first]), int(database.offsets[last])
-    residues = flat[begin:end] if flat is not None else _to(_tensor(np.asarray(database.codes[begin:end])), device)
+    residues = (flat[begin - flat_start:end - flat_start] if flat is not None
+                else _to(_tensor(np.asarray(database.codes[begin:end])), device))
     block_lengths = _to(torch.from_numpy(np.ascontiguousarray(lengths, dtype=np.int64)), device)
     tiebreak = _to(torch.from_numpy(LOW - np.asarray(database.index[first:last], dtype=np.int64)), device)
     inside = torch.arange(width, device=residues.device) < block_lengths[:, None]
@@ -284,10 +287,15 @@ class Searcher:
             self.ranking = EvalueRanking(rank, self.lengths, scored, len(database), self.device)
         padded = sum((stop - start) * int(self.lengths[start]) for start, stop in self.bounds)
         self.resident = None
-        if padded <= max_bytes:
-            flat = _tensor(np.asarray(database.codes)).to(self.device)  # the residues, once: a plain copy
-            self.resident = [make_block(database, start, stop, self.device, flat, self.lengths, owned)
+        if padded <= max_bytes and self.bounds:
+            # the residues of the rows scored (a shard's alone), once: a plain copy
+            spans = [owned or bounds for bounds, owned in zip(self.bounds, self.owned)]
+            lo, hi = int(database.offsets[spans[0][0]]), int(database.offsets[spans[-1][1]])
+            flat = _tensor(np.asarray(database.codes[lo:hi])).to(self.device)
+            self.resident = [make_block(database, start, stop, self.device, flat, self.lengths, owned, lo)
                              for (start, stop), owned in zip(self.bounds, self.owned)]
+        elif padded <= max_bytes:
+            self.resident = []
 
     @property
     def device_bytes(self) -> int:

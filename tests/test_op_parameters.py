@@ -383,3 +383,37 @@ def test_learnable_names_and_temperature_setter():
 def test_learnable_module_errors(arguments, message):
     with pytest.raises(ValueError, match=message):
         swcli.SoftSmithWaterman(**arguments)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"gap": -1.0, "temperature": torch.tensor(-1.0)}, "temperature must be finite and >= 0"),
+    ({"gap": None, "gap_open": torch.tensor(0.0), "gap_extend": -1.0}, "gap_open must be <= gap_extend"),
+    ({"gap": torch.tensor([-1.0, -1.0, -1.0]), "temperature": 1.0}, r"a \(2,\) tensor"),
+    ({"gap": torch.tensor(float("nan")), "temperature": 1.0}, "gap must be finite"),
+    ({"gap": -1.0, "temperature": torch.tensor(0.0, requires_grad=True)}, "not defined at temperature 0"),
+])
+def test_the_reference_checks_tensor_parameters_as_the_engines(arguments, message):
+    S = torch.randn(2, 4, 5)
+    for backend in ("cpu", "reference"):
+        with pytest.raises(ValueError, match=message):
+            swcli.soft_smith_waterman(S, backend=backend, **arguments)
+
+
+def test_fake_tensors_take_tensor_parameters():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert swcli.soft_smith_waterman(torch.randn(2, 4, 5), torch.tensor(-1.0), 0.5).shape == (2,)
+
+
+def test_return_posterior_must_be_a_bool_and_the_learnable_temperature_positive():
+    S = torch.randn(2, 4, 5)
+    with pytest.raises(ValueError, match="return_posterior must be True or False"):
+        swcli.soft_smith_waterman(S, -1.0, 1.0, return_posterior=1)
+    codes = torch.zeros(2, 3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="return_posterior must be True or False"):
+        soft_smith_waterman_codes(codes, codes, torch.zeros(24, 24), -1.0, 1.0, return_posterior="no")
+    module = swcli.SoftSmithWaterman(gap_open=-1.0, temperature=1.0, learnable=True)
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="a learnable temperature must be > 0"):
+            module.temperature = bad
