@@ -214,8 +214,8 @@ class ExactSearch:
         gaps = (gap, gap) if gap_open is None else (gap_open, gap_extend)
         if not matrix.is_cuda or temperature != 0 or matrix.shape[0] * (matrix.shape[0] + 1) ** 2 * 4 > 200_000:
             return None
-        if not all(float(g).is_integer() and -cls.LARGEST <= g <= 0 for g in gaps):
-            return None
+        if not all(float(g).is_integer() and -cls.LARGEST <= g <= 0 for g in gaps) or gaps[0] > gaps[1]:
+            return None  # (gap_open > gap_extend: the general path's checks say what is wrong)
         if not bool(((matrix == matrix.round()) & (matrix.abs() <= cls.LARGEST)).all()):
             return None
         return cls(matrix, int(gaps[0]), int(gaps[1]))

@@ -41,7 +41,7 @@ def test_only_integer_settings_at_t0_on_cuda_take_the_kernel():
         assert ExactSearch.of(G, 0.0, -4.0, None, None) is not None
         assert ExactSearch.of(G, 0.0, None, -11.0, -1.0) is not None
         for refused in [(1.0, -4.0, None, None), (0.0, -4.5, None, None), (0.0, None, -11.0, -0.5),
-                        (0.0, -2000.0, None, None)]:
+                        (0.0, -2000.0, None, None), (0.0, None, -1.0, -5.0)]:
             assert ExactSearch.of(G, *refused) is None
         assert ExactSearch.of(G + 0.5, 0.0, -4.0, None, None) is None
 
