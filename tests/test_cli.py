@@ -391,8 +391,10 @@ def engine_built():
 
 
 def start(argv, tmp_path):
-    return subprocess.Popen([sys.executable, "-m", "swcli", *argv], env=subprocess_env(), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """`swcli align ...` in a real process, on the CPU engine: the slow pairs are sized for it (a GPU
+    would score them in another time, in kernels that a signal does not cut short)."""
+    return subprocess.Popen([sys.executable, "-m", "swcli", *argv, "--backend", "cpu"], env=subprocess_env(),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_temporary(folder, proc, limit=120):
