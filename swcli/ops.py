@@ -679,27 +679,29 @@ ROWS_NARROWEST_WITH_LENGTHS = 193
 AFFINE_SHARED_LIMIT = 100.0
 
 
+def _rows_allowed(S: torch.Tensor, temperature: float, narrowest: int) -> bool:
+    """What both gradients by rows need: float32 CUDA scores at t > 0, N between narrowest and
+    ROWS_WIDEST, and no CUDA graph being captured, compiled or traced: the rows' backward reads one int
+    from the device (how many pairs left the scaled range), which a capture does not allow, a compiled
+    graph may be replayed as one, and a traced graph may run at other widths."""
+    return (S.is_cuda and S.dtype is torch.float32 and temperature > 0 and narrowest <= S.shape[2] <= ROWS_WIDEST
+            and not _capturing_graph() and not torch.cuda.is_current_stream_capturing())
+
+
 def gradient_by_rows(S: torch.Tensor, lengths: bool, gap: float, temperature: float) -> bool:
-    """Whether the gradient of this call goes by rows: float32 CUDA scores at t > 0 with gap <= 0, N
-    between ROWS_NARROWEST (with lengths ROWS_NARROWEST_WITH_LENGTHS) and ROWS_WIDEST, and no CUDA graph
-    being captured, compiled or traced: the rows' backward reads one int from the device (how many pairs
-    left the scaled range), which a capture does not allow, a compiled graph may be replayed as one, and
-    a traced graph may run at other widths."""
+    """Whether the gradient of this call goes by rows: _rows_allowed with gap <= 0, N from
+    ROWS_NARROWEST (with lengths ROWS_NARROWEST_WITH_LENGTHS)."""
     narrowest = ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
-    return (S.is_cuda and S.dtype is torch.float32 and temperature > 0 and gap <= 0
-            and narrowest <= S.shape[2] <= ROWS_WIDEST and not _capturing_graph()
-            and not torch.cuda.is_current_stream_capturing())
+    return gap <= 0 and _rows_allowed(S, temperature, narrowest)
 
 
 def affine_gradient_by_rows(S: torch.Tensor, lengths: bool, gap_open: float, temperature: float) -> bool:
-    """Whether an affine gradient goes by rows: float32 CUDA scores at t > 0 in the scaled affine form
+    """Whether an affine gradient goes by rows: _rows_allowed at every N, in the scaled affine form
     (|gap_open| log2(e) / t <= 100: a gap opening's factor 2^(gap_open log2(e) / t) at or above 2^-100,
-    kernels/cuda/affine_scaled.cuh), N up to ROWS_WIDEST, outside CUDA graph capture and compilation (as
-    gradient_by_rows). Unlike the linear table's, the affine state's path is slower at every width
-    (docs/benchmarks/h200.md), with or without lengths."""
-    return (S.is_cuda and S.dtype is torch.float32 and temperature > 0 and S.shape[2] <= ROWS_WIDEST
-            and -gap_open * (1.4426950408889634 / temperature) <= AFFINE_SHARED_LIMIT  # as the engine rounds it
-            and not _capturing_graph() and not torch.cuda.is_current_stream_capturing())
+    kernels/cuda/affine_scaled.cuh). Unlike the linear table's, the affine state's path is slower at every
+    width (docs/benchmarks/h200.md), with or without lengths."""
+    return (_rows_allowed(S, temperature, 0)
+            and -gap_open * (1.4426950408889634 / temperature) <= AFFINE_SHARED_LIMIT)  # as the engine rounds it
 
 
 # --------------------------------------------------------------------------------------------------
