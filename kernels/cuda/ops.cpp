@@ -269,11 +269,12 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   return scores;
 }
 
-// d scores / d S (B, M, N) from the forward's table and best_at.
+// d scores / d S (B, M, N) from the forward's table and best_at; with sums (a zeroed (2, B) tensor of S's
+// dtype, else undefined) also the per-pair sums of backward_parameters (engine.h).
 at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& table,
                             const at::Tensor& best_at, const std::optional<at::Tensor>& qlen,
                             const std::optional<at::Tensor>& tlen, double gap, double temperature,
-                            int64_t lane_columns) {
+                            int64_t lane_columns, const at::Tensor& sums) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false);
@@ -295,14 +296,14 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   if (S.scalar_type() == at::kFloat)
     SWCLI_CHECK_CUDA(sw_cuda_backward_f32(pr, grad.data_ptr<float>(), S.data_ptr<float>(),
                                           table.data_ptr<float>(), best_at.data_ptr<int64_t>(),
-                                          grad_S.data_ptr<float>(), ptr_or_null<float>(boundary), gap, temperature,
-                                          R, stream),
+                                          grad_S.data_ptr<float>(), ptr_or_null<float>(boundary),
+                                          ptr_or_null<float>(sums), gap, temperature, R, stream),
                      "backward");
   else
     SWCLI_CHECK_CUDA(sw_cuda_backward_f64(pr, grad.data_ptr<double>(), S.data_ptr<double>(),
                                           table.data_ptr<double>(), best_at.data_ptr<int64_t>(),
-                                          grad_S.data_ptr<double>(), ptr_or_null<double>(boundary), gap,
-                                          temperature, R, stream),
+                                          grad_S.data_ptr<double>(), ptr_or_null<double>(boundary),
+                                          ptr_or_null<double>(sums), gap, temperature, R, stream),
                      "backward");
   return grad_S;
 }
@@ -353,7 +354,8 @@ std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const std::optional
 // (Read first, in ops.py, it left 80 to 215 us between the two kernels on the H200, under torch.profiler.)
 at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
                          const at::Tensor& best_row, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
-                         const std::optional<at::Tensor>& tlen, double gap, double temperature) {
+                         const std::optional<at::Tensor>& tlen, double gap, double temperature,
+                         const at::Tensor& sums) {
   TORCH_CHECK(rows_take(S_in, gap, temperature), "the gradient by rows does not take these scores");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
@@ -372,8 +374,8 @@ at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, 
   if (M == 0 || N == 0) return grad_S;
   if (failed.item<int>() != 0) return at::Tensor();
   SWCLI_CHECK_CUDA(sw_cuda_rows_backward(pr, grad.data_ptr<float>(), S.data_ptr<float>(), kept.data_ptr<float>(),
-                                         best_row.data_ptr<int64_t>(), grad_S.data_ptr<float>(), gap, temperature,
-                                         c10::cuda::getCurrentCUDAStream()),
+                                         best_row.data_ptr<int64_t>(), grad_S.data_ptr<float>(),
+                                         ptr_or_null<float>(sums), gap, temperature, c10::cuda::getCurrentCUDAStream()),
                    "backward by rows");
   return grad_S;
 }
@@ -509,7 +511,7 @@ std::vector<at::Tensor> affine_forward_rows(const at::Tensor& S_in, const std::o
 at::Tensor affine_backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
                                 const at::Tensor& best_row, const at::Tensor& failed,
                                 const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
-                                double gap_open, double gap_extend, double temperature) {
+                                double gap_open, double gap_extend, double temperature, const at::Tensor& sums) {
   TORCH_CHECK(affine_rows_take(S_in, gap_open, temperature), "the affine gradient by rows does not take these scores");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
@@ -531,8 +533,8 @@ at::Tensor affine_backward_rows(const at::Tensor& grad_scores, const at::Tensor&
   if (failed.item<int>() != 0) return at::Tensor();
   SWCLI_CHECK_CUDA(sw_cuda_affine_rows_backward(pr, grad.data_ptr<float>(), S.data_ptr<float>(),
                                                 kept.data_ptr<float>(), best_row.data_ptr<int64_t>(),
-                                                grad_S.data_ptr<float>(), gap_open, gap_extend, temperature,
-                                                c10::cuda::getCurrentCUDAStream()),
+                                                grad_S.data_ptr<float>(), ptr_or_null<float>(sums), gap_open,
+                                                gap_extend, temperature, c10::cuda::getCurrentCUDAStream()),
                    "affine backward by rows");
   return grad_S;
 }
@@ -614,11 +616,12 @@ at::Tensor op_affine_scores_codes(const at::Tensor& query_in, const at::Tensor& 
   return scores;
 }
 
-// grad_S (B, M, N) from the state and best of op_affine_forward without by_rows (the same lane_columns).
+// grad_S (B, M, N) from the state and best of op_affine_forward without by_rows (the same lane_columns); with
+// sums (a zeroed (3, B) tensor of S's dtype, else undefined) also affine_backward_parameters' sums.
 at::Tensor affine_backward_state(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& state,
                                  const at::Tensor& best, const std::optional<at::Tensor>& qlen,
                                  const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
-                                 double temperature, int64_t lane_columns) {
+                                 double temperature, int64_t lane_columns, const at::Tensor& sums) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
               std::string("the CUDA engine takes float32 or float64, got ") + c10::toString(S_in.scalar_type()));
@@ -645,41 +648,72 @@ at::Tensor affine_backward_state(const at::Tensor& grad_scores, const at::Tensor
   const at::Tensor boundary = affine_boundary(B, M, N, R, S_in.options());
   at::Tensor grad_S = at::empty({B, M, N}, S_in.options());  // the kernels write every element
   if (M == 0 || N == 0) return grad_S;
+  const at::Tensor S = sums.defined() ? S_in.contiguous() : at::Tensor();  // the sums' <S, grad_S> reads S
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (S_in.scalar_type() == at::kFloat)
     SWCLI_CHECK_CUDA(sw_cuda_affine_backward_f32(pr, grad.data_ptr<float>(), state.data_ptr<float>(),
                                                  best_at.data_ptr<int64_t>(), grad_S.data_ptr<float>(),
-                                                 ptr_or_null<float>(boundary), gap_open, gap_extend, temperature, R,
+                                                 ptr_or_null<float>(boundary), ptr_or_null<float>(S),
+                                                 ptr_or_null<float>(sums), gap_open, gap_extend, temperature, R,
                                                  stream),
                      "affine backward");
   else
     SWCLI_CHECK_CUDA(sw_cuda_affine_backward_f64(pr, grad.data_ptr<double>(), state.data_ptr<double>(),
                                                  best_at.data_ptr<int64_t>(), grad_S.data_ptr<double>(),
-                                                 ptr_or_null<double>(boundary), gap_open, gap_extend, temperature, R,
+                                                 ptr_or_null<double>(boundary), ptr_or_null<double>(S),
+                                                 ptr_or_null<double>(sums), gap_open, gap_extend, temperature, R,
                                                  stream),
                      "affine backward");
   return grad_S;
 }
 
-// grad_S (B, M, N) from op_affine_forward's (state, best, failed) with the same by_rows and lane_columns.
-at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
-                              const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
-                              const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
-                              double temperature, bool by_rows, int64_t lane_columns) {
+// grad_S (B, M, N) from op_affine_forward's (state, best, failed) with the same by_rows and lane_columns, and
+// with sums (zeroed, (3, B)) affine_backward_parameters' sums.
+at::Tensor affine_backward_any(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                               const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                               const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
+                               double temperature, bool by_rows, int64_t lane_columns, const at::Tensor& sums) {
   if (by_rows) {
     TORCH_CHECK(lane_columns == 0, "the gradient by rows takes lane_columns 0 (its lanes hold 8 columns)");
     const std::string settings = affine_settings_error(gap_open, gap_extend, temperature);
     TORCH_CHECK(settings.empty(), settings);
-    at::Tensor grad_S =
-        affine_backward_rows(grad_scores, S, state, best, failed, qlen, tlen, gap_open, gap_extend, temperature);
+    at::Tensor grad_S = affine_backward_rows(grad_scores, S, state, best, failed, qlen, tlen, gap_open, gap_extend,
+                                             temperature, sums);
     if (grad_S.defined()) return grad_S;
     // Some pair's rows left the scaled range (its score came from log space): the state's path for the
     // batch, its state computed now.
     std::vector<at::Tensor> r = affine_dense_forward(S, qlen, tlen, gap_open, gap_extend, temperature, 0, true);
-    return affine_backward_state(grad_scores, S, r[1], r[2], qlen, tlen, gap_open, gap_extend, temperature, 0);
+    return affine_backward_state(grad_scores, S, r[1], r[2], qlen, tlen, gap_open, gap_extend, temperature, 0, sums);
   }
   return affine_backward_state(grad_scores, S, state, best, qlen, tlen, gap_open, gap_extend, temperature,
-                               lane_columns);
+                               lane_columns, sums);
+}
+
+at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                              const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                              const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
+                              double temperature, bool by_rows, int64_t lane_columns) {
+  return affine_backward_any(grad_scores, S, state, best, failed, qlen, tlen, gap_open, gap_extend, temperature,
+                             by_rows, lane_columns, at::Tensor());
+}
+
+// The per-pair sums of the parameters' gradients: a zeroed (K, B) tensor of S's dtype on its device.
+at::Tensor zeroed_sums(const at::Tensor& S, int64_t K) {
+  TORCH_CHECK(S.is_cuda() && S.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
+  const c10::cuda::CUDAGuard guard(S.device());
+  return at::zeros({K, S.size(0)}, S.options());
+}
+
+// (grad_S, sums (3, B)): affine_backward and, per pair, grad_scores times d score / d gap_open and
+// d score / d gap_extend, and <S, grad_S> (the gradients of the gaps and the temperature, ops.py).
+std::tuple<at::Tensor, at::Tensor> op_affine_backward_parameters(
+    const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state, const at::Tensor& best,
+    const at::Tensor& failed, const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
+    double gap_open, double gap_extend, double temperature, bool by_rows, int64_t lane_columns) {
+  at::Tensor sums = zeroed_sums(S, 3);
+  at::Tensor grad_S = affine_backward_any(grad_scores, S, state, best, failed, qlen, tlen, gap_open, gap_extend,
+                                          temperature, by_rows, lane_columns, sums);
+  return {grad_S, sums};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -785,10 +819,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> op_forward(
   return {r[0], r[1].reshape({-1}), r[2], at::zeros({1}, S.options().dtype(at::kInt))};
 }
 
-at::Tensor op_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
-                       const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
-                       const std::optional<at::Tensor>& tlen, double gap, double temperature, bool by_rows,
-                       int64_t lane_columns) {
+// grad_S from op_forward's (state, best, failed) with the same by_rows and lane_columns, and with sums
+// (zeroed, (2, B)) backward_parameters' sums.
+at::Tensor backward_any(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                        const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                        const std::optional<at::Tensor>& tlen, double gap, double temperature, bool by_rows,
+                        int64_t lane_columns, const at::Tensor& sums) {
   TORCH_CHECK(S.is_cuda() && S.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
   if (by_rows) {
@@ -796,12 +832,12 @@ at::Tensor op_backward(const at::Tensor& grad_scores, const at::Tensor& S, const
     TORCH_CHECK(state.dim() == 1 && state.numel() == B * sw_cuda_rows_kept_floats(M),
                 "kept rows do not match the score matrix (they come from forward with by_rows)");
     at::Tensor grad_S = backward_rows(grad_scores, S, state.view({B, sw_cuda_rows_kept_floats(M)}), best, failed,
-                                      qlen, tlen, gap, temperature);
+                                      qlen, tlen, gap, temperature, sums);
     if (grad_S.defined()) return grad_S;
     // Some pair's rows left the scaled range (its score came from log space): the DP table's path for
     // the batch, its table computed now.
     std::vector<at::Tensor> r = forward(S, qlen, tlen, gap, temperature, true, 0, true, std::nullopt);
-    return backward(grad_scores, S, r[1], r[2], qlen, tlen, gap, temperature, 0);
+    return backward(grad_scores, S, r[1], r[2], qlen, tlen, gap, temperature, 0, sums);
   }
   TORCH_CHECK(lane_columns_allowed(lane_columns, false),
               "lane_columns must be 0 (automatic), 1 or 4, got " + std::to_string(lane_columns));
@@ -809,7 +845,28 @@ at::Tensor op_backward(const at::Tensor& grad_scores, const at::Tensor& S, const
   const int64_t columns = sw_cuda_table_columns(N, R);
   TORCH_CHECK(state.dim() == 1 && state.numel() == B * M * columns,
               "the DP table does not match the score matrix (it comes from forward with the same lane_columns)");
-  return backward(grad_scores, S, state.view({B, M, columns}), best, qlen, tlen, gap, temperature, lane_columns);
+  return backward(grad_scores, S, state.view({B, M, columns}), best, qlen, tlen, gap, temperature, lane_columns,
+                  sums);
+}
+
+at::Tensor op_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                       const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                       const std::optional<at::Tensor>& tlen, double gap, double temperature, bool by_rows,
+                       int64_t lane_columns) {
+  return backward_any(grad_scores, S, state, best, failed, qlen, tlen, gap, temperature, by_rows, lane_columns,
+                      at::Tensor());
+}
+
+// (grad_S, sums (2, B)): backward and, per pair, grad_scores times d score / d gap and <S, grad_S> (the
+// gradients of the gap and the temperature, ops.py).
+std::tuple<at::Tensor, at::Tensor> op_backward_parameters(
+    const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state, const at::Tensor& best,
+    const at::Tensor& failed, const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen, double gap,
+    double temperature, bool by_rows, int64_t lane_columns) {
+  at::Tensor sums = zeroed_sums(S, 2);
+  at::Tensor grad_S =
+      backward_any(grad_scores, S, state, best, failed, qlen, tlen, gap, temperature, by_rows, lane_columns, sums);
+  return {grad_S, sums};
 }
 
 }  // namespace
@@ -826,5 +883,7 @@ TORCH_LIBRARY_IMPL(swcli, CUDA, m) {
   m.impl("affine_scores_codes", &op_affine_scores_codes);
   m.impl("affine_forward", &op_affine_forward);
   m.impl("affine_backward", &op_affine_backward);
+  m.impl("backward_parameters", &op_backward_parameters);
+  m.impl("affine_backward_parameters", &op_affine_backward_parameters);
   m.impl("search_scores_s16", &op_search_scores_s16);
 }
