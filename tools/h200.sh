@@ -10,6 +10,8 @@
 #     log-pairs  benchmarks/log_space_pairs.py: pairs the scaled sweep hands to log space
 #     floor      benchmarks/gradient_floor.py: the memory floor of a recomputing gradient
 #     affine-widths  benchmarks/affine_gradient_widths.py: the affine gradient by rows against the state's path
+#     learnable  forward + backward with the gaps' and the temperature's gradients against S's alone, 8192 x 256 x 256
+#                (benchmarks/profile_workloads.py learnable), linear -1 and affine -12/-1, t = 1
 #     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family (the search's too)
 #     e2e        swcli align on $E2E_PAIRS (1,000,000) real pairs, then bench's end-to-end rows
 #     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency)
@@ -62,6 +64,8 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
       python3 benchmarks/gradient_floor.py 2>&1 | tee "$OUT/floor.txt" ;;
     affine-widths)
       python3 benchmarks/affine_gradient_widths.py 2>&1 | tee "$OUT/affine_widths.txt" ;;
+    learnable)
+      timeout 300 python3 benchmarks/profile_workloads.py learnable 2>&1 | tee "$OUT/learnable.txt" ;;
     sanitize)
       # PYTORCH_NO_CUDA_MEMORY_CACHING only for the sanitizer's runs: later stages capture CUDA graphs,
       # which cannot allocate outside the caching allocator
