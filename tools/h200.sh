@@ -122,6 +122,19 @@ for temp in (0.0, 1.0):
     for lanes in (1, 4, 8):
         torch.ops.swcli.affine_scores_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), qlen.cuda(), tlen.cuda(),
                                             -11.0, -1.0, temp, lane_columns=lanes)
+# tensor gaps and temperature with gradients (the backward kernels' SUMS instantiations): the table and the
+# traceback at t = 0, distinct values (a group a pair), the rows with lengths and full, the affine state
+# (past 256 columns) and rows
+for B, M, N, lengths, distinct in ((5, 37, 70, True, True), (64, 40, 256, False, False), (40, 30, 200, True, False),
+                                   (6, 20, 300, False, False)):
+    S = torch.randn(B, M, N, generator=g).cuda().requires_grad_()
+    q = torch.randint(0, M + 1, (B,), generator=g).cuda() if lengths else None
+    tl = torch.randint(0, N + 1, (B,), generator=g).cuda() if lengths else None
+    for temp in (0.0, 1.0):
+        t = torch.tensor(temp, device="cuda", requires_grad=temp > 0)
+        gap = (torch.linspace(-2.0, -0.5, B) if distinct else torch.tensor(-1.0)).cuda().requires_grad_()
+        swcli.soft_smith_waterman(S, gap, t, q, tl).sum().backward()
+        swcli.soft_smith_waterman(S, None, t, q, tl, gap_open=gap - 2.0, gap_extend=-0.5).sum().backward()
 # the exact 16-bit search kernel: tile shapes from 64 to past 1024 columns, short and odd queries, linear and
 # affine, and a matrix whose self-matches pass int16 (flagged pairs)
 from swcli.scoring import load_matrix
