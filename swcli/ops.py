@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 from numbers import Real
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -576,8 +577,9 @@ class _PosteriorWithGradient(torch.autograd.Function):
 def _groups(host: torch.Tensor, device) -> list:
     """The pairs grouped by their values (host: (B, k) float64, on the CPU): [(index, key)], index the
     group's pairs in batch order on `device`, or None where one group holds the batch; key its values."""
-    if (host == host[0]).all():
-        return [(None, tuple(host[0].tolist()))]
+    values = host.numpy()
+    if (values == values[0]).all():
+        return [(None, tuple(values[0].tolist()))]
     keys, inverse = torch.unique(host, dim=0, return_inverse=True)
     indices = torch.split(torch.argsort(inverse, stable=True), torch.bincount(inverse, minlength=len(keys)).tolist())
     return [(index.to(device), tuple(key)) for key, index in zip(keys.tolist(), indices)]
@@ -1084,11 +1086,11 @@ def _per_pair_parameters(S, gaps, temperature):
     checks the values itself there), for meta and fake tensors and for an empty batch."""
     B = S.shape[0]
     names = ("gap",) if len(gaps) == 1 else ("gap_open", "gap_extend")
-    values, known = [], []  # known: a number's value in S's dtype, as the engine gets it (None: a tensor's)
+    values, known = [], []  # known: the numbers given (None for a tensor)
     for name, value in zip((*names, "temperature"), (*gaps, temperature)):
         if not isinstance(value, torch.Tensor):
             values.append(torch.full((), value, dtype=S.dtype, device=S.device).expand(B))
-            known.append(torch.tensor(value, dtype=S.dtype).item())
+            known.append(value)
             continue
         if value.dim() != 0 and tuple(value.shape) != (B,):
             raise ValueError(f"{name} must be a number, a 0-d tensor or a ({B},) tensor with one value per pair, "
@@ -1102,22 +1104,22 @@ def _per_pair_parameters(S, gaps, temperature):
         return values, None
     if S.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError(CAPTURED_VALUES)
-    host = _host_values(values, known)
-    _check_per_pair_values(names, host.unbind(1), needs_positive_temperature=torch.is_grad_enabled()
+    host = _host_values(values, known, S.dtype)
+    _check_per_pair_values(names, host, needs_positive_temperature=torch.is_grad_enabled()
                            and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
     return values, host
 
 
-def _host_values(values, known) -> torch.Tensor:
-    """(B, k) float64 on the CPU: the numbers as known, the tensors read from the device in one copy, an
-    expanded one (a 0-d tensor given) as its single value."""
+def _host_values(values, known, dtype) -> torch.Tensor:
+    """(B, k) float64 on the CPU: the numbers given, rounded to `dtype` as the values on the device are,
+    and the tensors read from the device in one copy, an expanded one (a 0-d tensor given) as one value."""
     B = values[0].shape[0]
     reads = [value[:1] if value.stride(0) == 0 else value for value, x in zip(values, known) if x is None]
     read = torch.cat([r.detach() for r in reads]).to("cpu", torch.float64) if reads else None
     columns, at = [], 0
     for value, x in zip(values, known):
         if x is not None:
-            columns.append(torch.full((B,), x, dtype=torch.float64))
+            columns.append(torch.full((B,), x, dtype=dtype).to(torch.float64))
             continue
         n = 1 if value.stride(0) == 0 else B
         columns.append(read[at:at + n].expand(B))
@@ -1125,22 +1127,25 @@ def _host_values(values, known) -> torch.Tensor:
     return torch.stack(columns, 1)
 
 
-def _check_per_pair_values(names, values, needs_positive_temperature: bool) -> None:
-    """The rules of the per-pair values (the gaps' as for numbers; t >= 0, and t > 0 where it requires
-    grad), all read in one round trip; the first pair that breaks one is named."""
-    *gaps, temperature = [v.detach() for v in values]
-    rules = [(torch.isfinite(v), f"{name} must be finite") for name, v in zip(names, gaps)]
-    rules.append((torch.isfinite(temperature) & (temperature >= 0), "temperature must be finite and >= 0"))
-    if len(gaps) == 2:
-        rules.append((gaps[1] <= 0, "gap_extend must be <= 0"))
-        rules.append((gaps[0] <= gaps[1], "gap_open must be <= gap_extend"))
-    if needs_positive_temperature:
-        rules.append((temperature > 0, TEMPERATURE_GRADIENT_AT_ZERO))
-    broken = torch.stack([~ok for ok, _ in rules])  # (rules, B)
-    if not broken.any().item():
+def _check_per_pair_values(names, host: torch.Tensor, needs_positive_temperature: bool) -> None:
+    """The rules of the per-pair values, host (B, k) float64 on the CPU (the gaps' as for numbers;
+    t >= 0, and t > 0 where it requires grad); the first pair that breaks one is named. In numpy: the
+    host's time here is the device's idle time before the forward."""
+    values = host.numpy()
+    *gaps, temperature = values.T
+    with np.errstate(invalid="ignore"):
+        rules = [(np.isfinite(v), f"{name} must be finite") for name, v in zip(names, gaps)]
+        rules.append((np.isfinite(temperature) & (temperature >= 0), "temperature must be finite and >= 0"))
+        if len(gaps) == 2:
+            rules.append((gaps[1] <= 0, "gap_extend must be <= 0"))
+            rules.append((gaps[0] <= gaps[1], "gap_open must be <= gap_extend"))
+        if needs_positive_temperature:
+            rules.append((temperature > 0, TEMPERATURE_GRADIENT_AT_ZERO))
+    broken = ~np.stack([ok for ok, _ in rules])  # (rules, B)
+    if not broken.any():
         return
-    rule, pair = divmod(int(broken.flatten().nonzero()[0].item()), broken.shape[1])
-    shown = ", ".join(f"{name} = {v[pair].item():g}" for name, v in zip((*names, "temperature"), values))
+    rule, pair = divmod(int(np.flatnonzero(broken)[0]), broken.shape[1])
+    shown = ", ".join(f"{name} = {v[pair]:g}" for name, v in zip((*names, "temperature"), values.T))
     raise ValueError(f"{rules[rule][1]}; pair {pair} has {shown}")
 
 
