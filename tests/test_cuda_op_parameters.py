@@ -440,3 +440,28 @@ def test_return_posterior_with_tensor_parameters():
     got = ssw(S.cuda(), gap.cuda(), t.cuda(), qlen.cuda(), tlen.cuda(), return_posterior=True)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_jit_trace_of_the_learnable_module_runs_other_batches(kind):
+    extend = {} if kind == "linear" else {"gap_extend": -0.5}
+    module = swcli.SoftSmithWaterman(gap_open=-1.5, temperature=0.7, learnable=True, **extend).double().cuda()
+    S = random_scores((4, 7, 6), seed=13400, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit is deprecated, and warns of what a trace freezes
+        traced = torch.jit.trace(module, (S,))
+    S2 = random_scores((7, 5, 9), seed=13401, device="cuda").requires_grad_()
+    out, expected = traced(S2), module(S2)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    inputs = [S2, *module.parameters()]
+    for a, b in zip(torch.autograd.grad(out.sum(), inputs), torch.autograd.grad(expected.sum(), inputs)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_double_backward_is_a_clear_error():
+    S = random_scores((2, 4, 5), seed=13500, device="cuda").requires_grad_()
+    gap = torch.tensor(-2.0, dtype=torch.float64, device="cuda", requires_grad=True)
+    (grad,) = torch.autograd.grad(ssw(S, gap, 1.0).sum(), S, create_graph=True)
+    assert grad.requires_grad
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(grad.sum(), gap)
