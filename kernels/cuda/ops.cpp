@@ -198,10 +198,10 @@ std::string saved_error(const at::Tensor& S, const at::Tensor& state, int64_t si
   const int64_t B = S.size(0);
   if (!(state.device() == S.device() && state.dim() == 1 && state.numel() == size &&
         state.scalar_type() == S.scalar_type() && state.is_contiguous()))
-    return "state does not match the score matrix: it must be the " + forward + "'s state, " + std::to_string(size) +
-           " values of S's dtype on its device (from the same lane_columns)";
+    return "state does not match the score matrix: it must be the state of the " + forward + ", " +
+           std::to_string(size) + " values of S's dtype on its device (from the same lane_columns)";
   if (!(best.device() == S.device() && best.numel() == B && best.scalar_type() == at::kLong))
-    return "best does not match the score matrix: it must be the " + forward + "'s (B,) int64 best cells";
+    return "best does not match the score matrix: it must be the (B,) int64 best cells of the " + forward;
   if (!(grad_scores.device() == S.device() && grad_scores.numel() == B))
     return "grad_scores must hold " + std::to_string(B) + " values on the scores' device";
   return "";
