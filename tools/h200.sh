@@ -10,6 +10,8 @@
 #     log-pairs  benchmarks/log_space_pairs.py: pairs the scaled sweep hands to log space
 #     floor      benchmarks/gradient_floor.py: the memory floor of a recomputing gradient
 #     affine-widths  benchmarks/affine_gradient_widths.py: the affine gradient by rows against the state's path
+#     long-pairs benchmarks/long_pairs.py: 35,000 x 35,000 and 12,000 x 10,000 by tiles (forward; forward + backward)
+#                beside one warp per pair, and both paths around the automatic choice's limits (kept as $OUT/long_pairs.json)
 #     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family
 #     e2e        swcli align on $E2E_PAIRS (1,000,000) real pairs, then bench's end-to-end rows
 #     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency)
@@ -62,6 +64,8 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
       python3 benchmarks/gradient_floor.py 2>&1 | tee "$OUT/floor.txt" ;;
     affine-widths)
       python3 benchmarks/affine_gradient_widths.py 2>&1 | tee "$OUT/affine_widths.txt" ;;
+    long-pairs)
+      timeout 500 python3 benchmarks/long_pairs.py --out "$OUT/long_pairs.json" 2>&1 | tee "$OUT/long_pairs.txt" ;;
     sanitize)
       # PYTORCH_NO_CUDA_MEMORY_CACHING only for the sanitizer's runs: later stages capture CUDA graphs,
       # which cannot allocate outside the caching allocator
@@ -118,6 +122,14 @@ for temp in (0.0, 1.0):
     for lanes in (1, 4, 8):
         torch.ops.swcli.affine_scores_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), qlen.cuda(), tlen.cuda(),
                                             -11.0, -1.0, temp, lane_columns=lanes)
+# tiles of long pairs (lane_columns -1 at a small size): partial tiles, lengths, rows of S unaligned (270) and
+# aligned (272), t = 0 and 1, forward and backward
+for N in (270, 272):
+    S = torch.randn(2, 300, N, generator=g).cuda()
+    q, tl = torch.tensor([300, 140]).cuda(), torch.tensor([N, 131]).cuda()
+    for temp in (0.0, 1.0):
+        _, state, best, failed = torch.ops.swcli.forward(S, q, tl, -1.0, temp, False, lane_columns=-1)
+        torch.ops.swcli.backward(torch.ones(2).cuda(), S, state, best, failed, q, tl, -1.0, temp, False, lane_columns=-1)
 torch.cuda.synchronize(); print("small case done")
 PY
       for tool in memcheck racecheck; do
