@@ -11,8 +11,8 @@
 // left of it the corner, the last value of the tile above-left), and the column left of it (the last column
 // of the tile to its left). It writes its own last row and last column there for the tiles below and to its
 // right, and its best cell (the first maximal one in row-major order) for the reduction that ends the
-// forward. The buffers of last rows and columns are the forward's state for the gradient: about (M / 128 +
-// N / 128) floats a row or column, where the DP table would be M x N.
+// forward. The buffers of last rows and columns are the forward's state for the gradient: M N / 128 floats of
+// last rows and as many of last columns, about 1/64 of the DP table.
 //
 // Cells are computed in log space by common.cuh's cell(), the sweep of every kernel that keeps the DP
 // table (forward_log.cuh): a tile's values cross to its neighbours in score units, so no scale has to agree
@@ -30,10 +30,12 @@
 // Only the tiles above and left of the best cell's run (rows up to the best cell's in its tile row); the
 // rest of the gradient is zeroed by a kernel of its own.
 //
-// Launches per anti-diagonal keep each kernel short (tens of microseconds), so a Ctrl-C, whose handler ends
-// the process at once (swcli/interrupt.py), waits for one of them, not for the whole pair.
+// A launch sweeps one anti-diagonal of tiles, a small part of the pair, so a Ctrl-C, whose handler ends the
+// process at once (swcli/interrupt.py), waits for one such kernel, not for the whole pair.
 //
-// tests/long_pairs_model.py runs this plan step for step in float64 on small tiles, against the reference.
+// tests/long_pairs_model.py runs this plan step for step in float64 on small tiles, against the reference;
+// tests/test_long_pairs_emulated.py runs this file itself on the CPU (tests/cuda_emulation), against the CPU
+// engine.
 #include "dispatch.cuh"
 #include "forward_log.cuh"
 
