@@ -30,8 +30,8 @@
 // Only the tiles above and left of the best cell's run (rows up to the best cell's in its tile row); the
 // rest of the gradient is zeroed by a kernel of its own.
 //
-// A launch sweeps one anti-diagonal of tiles, a small part of the pair, so a Ctrl-C, whose handler ends the
-// process at once (swcli/interrupt.py), waits for one such kernel, not for the whole pair.
+// A launch sweeps one anti-diagonal of tiles, a small part of the pair: when a Ctrl-C ends the process at once
+// (swcli/interrupt.py), the kernel running is one such launch, not one over the whole pair.
 //
 // tests/long_pairs_model.py runs this plan step for step in float64 on small tiles, against the reference;
 // tests/test_long_pairs_emulated.py runs this file itself on the CPU (tests/cuda_emulation), against the CPU
