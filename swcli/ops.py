@@ -36,7 +36,9 @@ The operators (one schema each, CPU kernels in kernels/cpu, CUDA kernels in kern
 
 Each has a fake kernel, so torch.compile, torch.export and meta tensors see one op with known shapes.
 The keyword-only arguments are the engines' knobs for tests and tools: lane_columns (CUDA: columns per
-lane, 0 = chosen by batch size) and scaled (allow the scaled-space sweep).
+lane, 0 = chosen by batch size; the dense linear operators also take LANE_COLUMNS_TILES, -1: each pair's DP in
+tiles swept by many warps, which 0 chooses for long pairs in small batches, kernels/cuda/long_pairs.cu) and
+scaled (allow the scaled-space sweep).
 
 Gaps: `gap` is a linear gap score, added for every gap position. `gap_open` with `gap_extend` make the
 gaps affine: gap_open is the score of a gap's first position, gap_extend of each further one, so a gap of
@@ -109,6 +111,11 @@ SCHEMAS.update({
 # Exact search scores at t = 0 in 16-bit lanes, CUDA only (kernels/cuda/search_s16.cu; search.ExactSearch).
 SCHEMAS["search_scores_s16"] = ("(Tensor query, Tensor target, Tensor target_lengths, Tensor table, int gap_open, "
                                 "int gap_extend, int limit) -> (Tensor, Tensor)")
+
+# lane_columns of the CUDA engine's dense linear operators (scores, forward, backward) that asks for tiles of
+# long pairs at any size (tests, tools); 0 takes them for long pairs in small batches (kernels/cuda/ops.cpp,
+# tiles_take; docs/design.md section 4).
+LANE_COLUMNS_TILES = -1
 
 _LIBRARY = torch.library.Library("swcli", "DEF")
 for _name, _schema in SCHEMAS.items():

@@ -305,6 +305,25 @@ def test_rows_past_the_scaled_range_take_the_table_with_their_sums(kind):
     assert torch.equal(by_rows[0], by_state[0]) and torch.equal(by_rows[1], by_state[1])
 
 
+@pytest.mark.parametrize("t", [0.0, 1.0])
+def test_long_pairs_on_tiles_give_the_gaps_and_t_their_gradients(t):
+    # 2 pairs of 1100 x 1000 take the tiles of long pairs (ops.cpp tiles_take), whose backward sums nothing
+    # for the parameters: their gradient takes the DP table's path, the same as the CPU engine's
+    S = random_scores((2, 1100, 1000), seed=12750, scale=1.5)
+    gaps, temperature = gaps_of("linear", "per-pair distinct", 2), temperature_of(t, "per-pair distinct", 2)
+    grad_out = torch.tensor([0.7, 1.3], dtype=torch.float64)
+    _, exact = parameter_gradients(S, gaps, temperature, None, None, grad_out, backend="cpu")
+    _, single = parameter_gradients(*on("cpu", torch.float32, S, gaps, temperature, None, None), grad_out.float(),
+                                    backend="cpu")
+    S_in, gaps_in, t_in, _, _ = on("cuda", torch.float32, S, gaps, temperature, None, None)
+    _, got = parameter_gradients(S_in, gaps_in, t_in, None, None, grad_out.to("cuda", torch.float32))
+    got = {name: x.cpu() for name, x in got.items()}
+    assert set(got) == set(exact) == {"S", "gap"} | ({"temperature"} if t > 0 else set())
+    for name in ("gap", "temperature") if t > 0 else ("gap",):
+        assert_float32_close(got, exact, single, name)
+    assert (exact["gap"].abs() > 0).all()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_per_pair_operators_match_the_cpu_engine(kind):
     S, qlen, tlen = batch("9x8 lengths", seed=12800)

@@ -12,6 +12,8 @@
 #     affine-widths  benchmarks/affine_gradient_widths.py: the affine gradient by rows against the state's path
 #     learnable  forward + backward with the gaps' and the temperature's gradients against S's alone, 8192 x 256 x 256
 #                (benchmarks/profile_workloads.py learnable), linear -1 and affine -12/-1, t = 1
+#     long-pairs benchmarks/long_pairs.py: 35,000 x 35,000 and 12,000 x 10,000 by tiles (forward; forward + backward)
+#                beside one warp per pair, and both paths around the automatic choice's limits (kept as $OUT/long_pairs.json)
 #     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family (the search's too)
 #     e2e        swcli align on $E2E_PAIRS (1,000,000) real pairs, then bench's end-to-end rows
 #     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency)
@@ -66,6 +68,8 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
       python3 benchmarks/affine_gradient_widths.py 2>&1 | tee "$OUT/affine_widths.txt" ;;
     learnable)
       timeout 300 python3 benchmarks/profile_workloads.py learnable 2>&1 | tee "$OUT/learnable.txt" ;;
+    long-pairs)
+      timeout 500 python3 benchmarks/long_pairs.py --out "$OUT/long_pairs.json" 2>&1 | tee "$OUT/long_pairs.txt" ;;
     sanitize)
       # PYTORCH_NO_CUDA_MEMORY_CACHING only for the sanitizer's runs: later stages capture CUDA graphs,
       # which cannot allocate outside the caching allocator
@@ -149,6 +153,14 @@ for width, M in ((64, 1), (200, 33), (513, 300), (1100, 77)):
 big = torch.full((24, 24), -3.0, device="cuda"); big.fill_diagonal_(1000.0)
 ExactSearch(big, -4, -4).scores(codes_t[0, :40].contiguous(), Block(codes_t[:, :40].contiguous(),
                                 torch.full((300,), 40, device="cuda"), torch.zeros(300, dtype=torch.int64).cuda()))
+# tiles of long pairs (lane_columns -1 at a small size): partial tiles, lengths, rows of S unaligned (270) and
+# aligned (272), t = 0 and 1, forward and backward
+for N in (270, 272):
+    S = torch.randn(2, 300, N, generator=g).cuda()
+    q, tl = torch.tensor([300, 140]).cuda(), torch.tensor([N, 131]).cuda()
+    for temp in (0.0, 1.0):
+        _, state, best, failed = torch.ops.swcli.forward(S, q, tl, -1.0, temp, False, lane_columns=-1)
+        torch.ops.swcli.backward(torch.ones(2).cuda(), S, state, best, failed, q, tl, -1.0, temp, False, lane_columns=-1)
 torch.cuda.synchronize(); print("small case done")
 PY
       for tool in memcheck racecheck; do

@@ -91,6 +91,25 @@ cudaError_t sw_cuda_rows_forward(const Problem& pr, const float* S, float* score
 cudaError_t sw_cuda_rows_backward(const Problem& pr, const float* grad_scores, const float* S, const float* kept,
                                   const int64_t* best_row, float* grad_S, float* sums, double gap, double t,
                                   cudaStream_t stream);
+// Long pairs by tiles (long_pairs.cu): float32 dense S, in log space at t > 0, the exact max at t = 0; each pair's
+// DP cut into tiles of sw_cuda_long_tile_rows() x sw_cuda_long_tile_columns() cells, a warp a tile, one launch
+// per anti-diagonal of tiles (pr.order is not used). long_forward: scores (B,), best_at (B,) (the row-major index
+// of the first maximal cell, or -1), state (sw_cuda_long_state_floats(B, M, N): the tiles' last rows and
+// columns, what the backward reads), and the scratch tile_best, tile_at (sw_cuda_long_tiles(B, M, N) each);
+// log_pairs, if not null, gets the number of pairs scored at t > 0 (every one in log space). long_backward:
+// grad_S (B, M, N), every element written, from the forward's state and best_at, with the scratch flows
+// (sw_cuda_long_flow_floats(B, M, N)).
+int sw_cuda_long_tile_rows();
+int sw_cuda_long_tile_columns();
+int64_t sw_cuda_long_state_floats(int64_t B, int64_t M, int64_t N);
+int64_t sw_cuda_long_tiles(int64_t B, int64_t M, int64_t N);
+int64_t sw_cuda_long_flow_floats(int64_t B, int64_t M, int64_t N);
+cudaError_t sw_cuda_long_forward(const Problem& pr, const float* S, float* scores, int64_t* best_at, float* state,
+                                 float* tile_best, int64_t* tile_at, int* log_pairs, double gap, double t,
+                                 cudaStream_t stream);
+cudaError_t sw_cuda_long_backward(const Problem& pr, const float* grad_scores, const float* S, const float* state,
+                                  const int64_t* best_at, float* grad_S, float* flows, double gap, double t,
+                                  cudaStream_t stream);
 // Affine gaps (soft Gotoh, affine.cuh), in log space: open gap_open and extend gap_extend, gap_open <=
 // gap_extend <= 0. Dense S (lane_columns 1 or 4): scores (B,), and with state non-null also the state the
 // backward reads, sw_cuda_affine_state_size values (M, X and Y of every cell in wavefront order), and
