@@ -949,7 +949,7 @@ at::Tensor backward_any(const at::Tensor& grad_scores, const at::Tensor& S, cons
   TORCH_CHECK(lane_columns_allowed(lane_columns, false, true),
               "lane_columns must be 0 (automatic), 1, 4 or -1 (tiles of long pairs), got " + std::to_string(lane_columns));
   if (tiles_take(S, lane_columns))  // the state is the tiles' last rows and columns (flat)
-    return backward(grad_scores, S, state, best, qlen, tlen, gap, temperature, lane_columns);
+    return backward(grad_scores, S, state, best, qlen, tlen, gap, temperature, lane_columns, sums);
   const int R = lane_columns_for(B, lane_columns, false);
   const int64_t columns = sw_cuda_table_columns(N, R);
   TORCH_CHECK(state.dim() == 1 && state.numel() == B * M * columns,
