@@ -355,6 +355,17 @@ def writer(group: Group | None, path: str | None, header: bool, columns: tuple[s
         with phase(group):
             out = stack.enter_context(TsvWriter(path, header, columns)) if group.leader else None
         yield out
+        put_in_place(group, stack)
+
+
+def put_in_place(group: Group, output: ExitStack) -> None:
+    """Close `output` (rank 0's TsvWriter: the output renamed or copied into place), once every rank has
+    said it is done, in a phase: an error there (a full disk, a folder made read-only) is every rank's, and
+    the existing file is kept."""
+    with phase(group):
+        if group.leader:
+            inject(group, "write")
+        output.close()
 
 
 def inject(group: Group | None, point: str) -> None:
@@ -470,6 +481,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
 
         search_shard(group, searcher, codes, consume, lambda: write(rows_of.drain()) if group.leader else None)
         finished = True
+        put_in_place(group, stack)
     stats.seconds = stats.elapsed
     return stats
 

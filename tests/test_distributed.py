@@ -268,16 +268,28 @@ def commands(paths, folder):
         ("align_fails_midway", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-o", out("kept3.tsv"), *cpu],
          {"SWCLI_FAIL_AT": "1:chunk:1"}),
         ("stdin", ["search", "-", p["db"], *cpu], {}),
+        ("search_final_write_fails", ["search", p["q"], p["db"], "-t", "1", "-o", out("kept4.tsv"), *cpu], {}),
+        ("align_final_write_fails", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-o", out("kept5.tsv"), *cpu],
+         {}),
     ]
+
+
+# Faults of the operating system, made in the worker (tests/distributed_worker.py) by rank 0 alone: the
+# last steps of putting the output in place fail as on a full disk, or in a folder made read-only.
+FAULTS = {
+    "search_final_write_fails": {"rank": 0, "call": "fsync", "errno": "ENOSPC"},
+    "align_final_write_fails": {"rank": 0, "call": "replace", "errno": "EACCES"},
+}
+KEPT = ("kept1.tsv", "kept2.tsv", "kept3.tsv", "kept4.tsv", "kept5.tsv")
 
 
 @pytest.fixture(scope="module")
 def ranks(files):
     """Every command run by 2 ranks in one torchrun start: {name: [rank 0's, rank 1's outcome]}."""
     folder, paths = files
-    for name in ("kept1.tsv", "kept2.tsv", "kept3.tsv"):
+    for name in KEPT:
         (folder / name).write_text("old\n")
-    cases = [{"name": n, "argv": argv, "env": env} for n, argv, env in commands(paths, folder)]
+    cases = [{"name": n, "argv": argv, "env": env, "fault": FAULTS.get(n)} for n, argv, env in commands(paths, folder)]
     (folder / "cases.json").write_text(json.dumps(cases))
     (folder / "results").mkdir()
     run = torchrun([str(REPO / "tests" / "distributed_worker.py"), str(folder / "cases.json"),
@@ -339,6 +351,21 @@ def test_a_bad_letter_seen_by_one_rank_is_its_error(ranks, files, capsys):
     assert first["code"] == second["code"] == 1
     assert first["stderr"] == err.replace("swcli: error: ", "swcli: error: rank 1: ") and second["stderr"] == ""
     assert (folder / "kept2.tsv").read_text() == "old\n"
+
+
+@pytest.mark.parametrize("name, kept, why", [
+    ("search_final_write_fails", "kept4.tsv", "No space left on device"),
+    ("align_final_write_fails", "kept5.tsv", "Permission denied"),
+])
+def test_a_final_write_that_fails_on_rank_0_fails_every_rank(ranks, files, name, kept, why):
+    """Rank 0 puts the output in place once every rank is done: where that fails, every rank exits with
+    its error, which rank 0 alone prints, and the existing file is kept."""
+    folder, _ = files
+    first, second = ranks[name]
+    assert first["code"] == second["code"] == 1
+    assert first["stderr"] == f"swcli: error: {folder / kept}: cannot write output ({why})\n"
+    assert second["stderr"] == first["stdout"] == second["stdout"] == ""
+    assert (folder / kept).read_text() == "old\n" and not list(folder.glob(".*.part"))
 
 
 def test_a_rank_that_dies_fails_the_run_and_keeps_the_output(files, tmp_path):
