@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Optional
 
-from swcli import interrupt
+from swcli import interrupt, launch
 
 INTERRUPTED = interrupt.STATUS  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
 
@@ -43,7 +43,7 @@ def _run(argv: list[str]) -> int:
         return code if isinstance(code, int) else 0
     except usage_error as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-        if os.environ.get("RANK", "0") == "0":  # torchrun's ranks share one command line: rank 0 says it
+        if not launch.silent_rank():  # torchrun's ranks share one command line: rank 0 says it
             print(f"swcli: usage error: {exc.format_message()}{hint}", file=sys.stderr)
         return 2
     except click_error as exc:

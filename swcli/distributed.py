@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack, closing, contextmanager
@@ -49,13 +50,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from swcli import interrupt
+from swcli import interrupt, launch
 from swcli.errors import SwcliError
 
 SPIN_SECONDS = 200e-6  # how long a wait polls without sleeping, then in sleeps of growing length up to 5 ms
 DEFAULT_TIMEOUT = 1800.0  # seconds a rank waits for the others at one collective (the engine's first build included)
 ENGINES = ("cpu", "cuda", "reference")
-ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+ENVIRONMENT = launch.VARIABLES
+MODES = ("auto", "on", "off")  # --distributed
 
 
 class RankFailed(SwcliError):
@@ -71,14 +73,9 @@ class LostContact(SwcliError):
 
 
 def environment() -> tuple[int, int, int] | None:
-    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them, or None where it did not start this process."""
-    if not all(name in os.environ for name in ENVIRONMENT):
-        return None
-    try:
-        return tuple(int(os.environ[name]) for name in ENVIRONMENT)
-    except ValueError:
-        raise SwcliError(f"{', '.join(ENVIRONMENT)} must be integers, got "
-                         f"{', '.join(os.environ[name] for name in ENVIRONMENT)}") from None
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as set in the environment, or None where they are not."""
+    found = launch.find()
+    return None if found is None else (found.rank, found.size, found.local_rank)
 
 
 def _timeout() -> float:
@@ -261,15 +258,27 @@ def _expected(failure: BaseException) -> bool:
 _group: Group | None = None
 
 
-def start(inputs: Iterable[str | None] = ()) -> Group | None:
-    """The process group of torchrun's ranks (None without torchrun: one process, no group), joined once
-    per process and left at its exit; inputs: the command's input paths, which may not be stdin."""
+def start(inputs: Iterable[str | None] = (), mode: str = "auto", quiet: bool = False) -> Group | None:
+    """The process group of torchrun's ranks, joined once per process and left at its exit, or None: one
+    process. mode is --distributed: auto joins where torchrun's variables were set for this process
+    (launch.py; inherited ones are said on stderr unless quiet), on wherever they are set, off never.
+    inputs: the command's input paths, which may not be stdin."""
     global _group
-    found = environment()
+    if mode == "off":
+        return None
+    found = launch.find()
     if found is None:
+        if mode == "on":
+            raise SwcliError(f"--distributed on: {', '.join(ENVIRONMENT)} are not set: start the command with "
+                             "torchrun (torchrun --nproc-per-node N -m swcli ...)")
+        return None
+    if found.inherited and mode != "on":
+        if not quiet:
+            print(f"swcli: running as one process: {found.describe()} (--distributed on joins their process "
+                  "group)", file=sys.stderr, flush=True)
         return None
     if _group is None:
-        rank, size, local_rank = found
+        rank, size, local_rank = found.rank, found.size, found.local_rank
         timeout = _timeout()
         cuda = torch.cuda.is_available() and dist.is_nccl_available()
         if cuda and local_rank < torch.cuda.device_count():

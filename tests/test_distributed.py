@@ -190,6 +190,86 @@ def test_without_torchrun_there_is_no_group(monkeypatch):
         distributed.environment()
 
 
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("parent, inherited", [
+    (None, False),  # unreadable: the variables count as this process's, as before
+    ({}, False),  # torchrun's agent: it has none of them
+    ({"PATH": "/bin"}, False),
+    (TORCHRUN, True),  # a torchrun worker's subprocess
+    ({**TORCHRUN, "MASTER_PORT": "29501"}, False),  # a torchrun started inside another one's rank
+    ({**TORCHRUN, "RANK": "0"}, False),
+])
+def test_torchrun_variables_count_only_where_the_parent_does_not_hold_them(parent, inherited):
+    from swcli import launch
+
+    found = launch.find(TORCHRUN, parent, 4321)
+    assert (found.rank, found.size, found.local_rank) == (1, 2, 1)
+    assert found.inherited is inherited and found.parent == (4321 if inherited else None)
+    assert launch.find({"RANK": "1", "WORLD_SIZE": "2"}, {}, 1) is None  # LOCAL_RANK missing: not torchrun's
+    without_meeting = {name: TORCHRUN[name] for name in launch.VARIABLES}
+    assert launch.find(without_meeting, TORCHRUN, 7).inherited  # the meeting point is compared where set
+
+
+def test_the_parent_environment_is_read_from_proc():
+    """A process's environment as it started: the child's own holds the variable given to it, its parent's
+    (this process, which never had it) does not."""
+    from swcli import launch
+
+    if not os.path.exists(f"/proc/{os.getpid()}/environ"):
+        pytest.skip("no /proc here: the parent's environment cannot be read (the variables then count)")
+    script = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); from swcli.launch import parent_environment; "
+              "print(json.dumps([parent_environment(p).get('SWCLI_PROBE') for p in (os.getpid(), os.getppid())]))")
+    child = subprocess.run([sys.executable, "-c", script, str(REPO)], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "SWCLI_PROBE": "a=b"})
+    assert child.returncode == 0 and json.loads(child.stdout) == ["a=b", None]
+    assert launch.parent_environment(0) is None and launch.parent_environment(2**22 + 12345) is None
+
+
+def inherit_torchrun(monkeypatch, rank="1"):
+    """This process as a subprocess of torchrun's rank `rank`: the variables set, and its parent's."""
+    from swcli import launch
+
+    variables = {**TORCHRUN, "RANK": rank, "LOCAL_RANK": rank}
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch, "parent_environment", lambda pid: dict(variables))
+
+
+def test_inherited_variables_run_one_process_and_say_so(monkeypatch, capsys):
+    inherit_torchrun(monkeypatch)
+    assert distributed.start(["-"]) is None
+    assert capsys.readouterr().err == (f"swcli: running as one process: RANK, WORLD_SIZE and LOCAL_RANK are those of "
+                                       f"the parent process (pid {os.getppid()}), not set for this one "
+                                       "(--distributed on joins their process group)\n")
+    assert distributed.start(["-"], "auto", quiet=True) is None and distributed.start([], "off") is None
+    assert capsys.readouterr().err == ""
+
+
+def test_distributed_on_without_torchrun_is_an_error(monkeypatch, tmp_path, capsys):
+    for name in distributed.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    fasta = write_fasta(tmp_path / "q.fa", [("a", "MKVL")])
+    for command in (["search", fasta, fasta], ["align", fasta, fasta]):
+        code, out, err = run_cli([*command, "--backend", "cpu", "--distributed", "on"], capsys)
+        assert (code, out) == (1, "") and err == ("swcli: error: --distributed on: RANK, WORLD_SIZE, LOCAL_RANK are "
+                                                  "not set: start the command with torchrun (torchrun "
+                                                  "--nproc-per-node N -m swcli ...)\n")
+
+
+def test_a_usage_error_is_said_by_rank_0_or_by_a_process_that_is_no_rank(monkeypatch, capsys):
+    from swcli import launch
+
+    for name, value in TORCHRUN.items():  # rank 1, started by torchrun: rank 0 says it
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch, "parent_environment", lambda pid: {})
+    assert run_cli(["search", "--no-such-option"], capsys) == (2, "", "")
+    inherit_torchrun(monkeypatch)  # a subprocess of rank 1: alone, it says it
+    code, _, err = run_cli(["search", "--no-such-option"], capsys)
+    assert code == 2 and err.startswith("swcli: usage error: No such option: --no-such-option")
+
+
 def test_failures_are_reported_with_their_exit_code():
     import typer
 
@@ -271,6 +351,7 @@ def commands(paths, folder):
         ("search_final_write_fails", ["search", p["q"], p["db"], "-t", "1", "-o", out("kept4.tsv"), *cpu], {}),
         ("align_final_write_fails", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-o", out("kept5.tsv"), *cpu],
          {}),
+        ("search_alone", ["search", p["q"], p["db"], "-k", "3", "--distributed", "off", *cpu], {}),
     ]
 
 
@@ -378,3 +459,32 @@ def test_a_rank_that_dies_fails_the_run_and_keeps_the_output(files, tmp_path):
                    {"SWCLI_FAIL_AT": "1:query:1:exit"})
     assert run.returncode != 0
     assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["hits.tsv"]
+
+
+def test_distributed_off_runs_each_rank_alone(ranks, files, capsys):
+    folder, paths = files
+    argv = {n: argv for n, argv, _ in commands(paths, folder)}["search_alone"]
+    code, out, err = one_process(argv, capsys)
+    assert code == 0 and out.count("\n") > 3
+    for outcome in ranks["search_alone"]:  # each rank the whole search, in silence on stderr
+        assert (outcome["code"], outcome["stdout"].encode("latin-1"), outcome["stderr"]) == (0, out.encode(), err)
+
+
+def test_a_subprocess_of_a_torchrun_worker_runs_as_one_process(files, capsys, tmp_path):
+    """torchrun's variables, inherited by a command that a worker starts, are not this command's: it runs
+    alone (and says why), the same rows as without torchrun; --distributed off runs alone in silence."""
+    _, paths = files
+    argv = ["search", paths["q"], paths["db"], "-k", "3", "-t", "1", "--backend", "cpu"]
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([argv, [*argv, "--distributed", "off"]]))
+    run = torchrun([str(REPO / "tests" / "torchrun_subprocess.py"), str(cases), str(tmp_path / "result.json")],
+                   tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    inherited, off = json.loads((tmp_path / "result.json").read_text())
+    code, out, err = one_process(argv, capsys)
+    assert code == 0 and out.count("\n") > 3
+    assert inherited["code"] == 0 and inherited["stdout"] == out
+    assert inherited["stderr"] == (f"swcli: running as one process: RANK, WORLD_SIZE and LOCAL_RANK are those of "
+                                   f"the parent process (pid {inherited['parent']}), not set for this one "
+                                   "(--distributed on joins their process group)\n")
+    assert (off["code"], off["stdout"], off["stderr"]) == (0, out, "")
