@@ -71,6 +71,11 @@ def find(environ=None, parent_environ=None, parent: int | None = None) -> Launch
     return Launch(rank, size, local_rank, parent if inherited else None)
 
 
+def agent_store() -> bool:
+    """Whether torchrun's agent holds the run's store (else rank 0's process does)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
 def silent_rank() -> bool:
     """Whether this process is a rank other than 0 of a run it would join by default: such ranks leave
     the run's messages (a usage error, which every rank meets) to rank 0."""

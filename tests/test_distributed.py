@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -488,3 +489,125 @@ def test_a_subprocess_of_a_torchrun_worker_runs_as_one_process(files, capsys, tm
                                    f"the parent process (pid {inherited['parent']}), not set for this one "
                                    "(--distributed on joins their process group)\n")
     assert (off["code"], off["stdout"], off["stderr"]) == (0, out, "")
+
+
+# --------------------------------------------------------------------------------------------------
+# Two ranks started by hand: the variables set, and no torchrun agent that stops the others when one
+# ends (as for the ranks of the other hosts of a cluster), so that what each rank says and its exit code
+# are its own.
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def by_hand(argv, cwd, env=None, hung=(), size=2):
+    """`python -m swcli ARGV` as `size` ranks: [(exit code, stdout, stderr)] by rank. The ranks in `hung`
+    are killed once rank 0 has ended (code None). A run that does not end within 90 s (the waits' own
+    limit is set to 120 s) is killed, and fails the test."""
+    base = {**os.environ, **(env or {}), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()), "SWCLI_DISTRIBUTED_TIMEOUT": "120",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    processes = [subprocess.Popen([sys.executable, "-m", "swcli", *argv], cwd=cwd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
+                 for r in range(size)]
+    outcomes = []
+    try:
+        for rank, process in enumerate(processes):
+            if rank in hung:
+                process.kill()
+            out, err = process.communicate(timeout=90)
+            outcomes.append((None if rank in hung else process.returncode, out, err))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return outcomes
+
+
+def search_argv(paths, *extra):
+    return ["search", paths["q"], paths["db"], "-t", "1", "--backend", "cpu", *extra]
+
+
+def align_argv(paths, *extra):
+    return ["align", paths["pq"], paths["pt"], "--chunk-size", "3", "--backend", "cpu", *extra]
+
+
+CRASH = "InjectedCrash: crash injected at {} (SWCLI_FAIL_AT)"
+ERROR = "failure injected at {} (SWCLI_FAIL_AT)"
+
+
+@pytest.mark.parametrize("command, spec", [
+    ("search", "1:read:crash"),
+    ("search", "1:query:1:crash"),
+    ("search", "1:merge:1"),  # the exchange itself fails: even an expected error leaves it
+    ("search", "1:merge:2:crash"),
+    ("search", "0:write:3:crash"),  # rank 0 writing a query's rows
+    ("search", "0:write:crash"),  # rank 0 putting the output in place
+    ("align", "1:chunk:1:crash"),
+    ("align", "1:merge:2"),
+    ("align", "0:write:crash"),
+])
+def test_an_error_that_leaves_the_exchanges_is_reported_to_every_rank(files, tmp_path, command, spec):
+    """An exception that a rank's stage does not catch (as where a CUDA context broke: the rank cannot take
+    part in its next exchange) at each stage: reading, scoring, the exchange, rank 0's writing and its
+    final write. The rank sends its report through the run's store before it ends, and the others stop
+    with it: rank 0 says it once, every rank exits 1, the existing output is kept. An error the command
+    line does not expect also shows its traceback, on its own rank."""
+    _, paths = files
+    out = tmp_path / "out.tsv"
+    out.write_text("old\n")
+    argv = (search_argv if command == "search" else align_argv)(paths, "-o", str(out))
+    (first, out0, err0), (second, out1, err1) = by_hand(argv, tmp_path, {"SWCLI_FAIL_AT": spec})
+    assert first == second == 1 and out0 == out1 == ""
+    crash, where = spec.endswith(":crash"), spec[2:].removesuffix(":crash")
+    message = (CRASH if crash else ERROR).format(where)
+    if spec.startswith("0:"):
+        assert err0.startswith("Traceback") and err0.endswith(message + "\n") and err1 == ""
+    else:
+        assert err0 == f"swcli: error: rank 1: {message}\n"
+        assert err1.startswith("Traceback") and err1.endswith(message + "\n") if crash else err1 == ""
+    assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
+
+
+def test_a_rank_that_dies_is_named_by_rank_0(files, tmp_path):
+    """Its connection closes: the others watch for a few heartbeats which rank stopped beating."""
+    _, paths = files
+    (first, _, err0), (second, _, err1) = by_hand(search_argv(paths), tmp_path, {"SWCLI_FAIL_AT": "1:query:1:exit"})
+    assert (first, second) == (1, 3) and err1 == ""
+    assert err0 == ("swcli: error: rank 1 stopped answering (its connection closed, and its process shows no sign of "
+                    "life: it may have died or been killed)\n")
+
+
+def test_a_rank_0_that_dies_is_named_by_rank_1(files, tmp_path):
+    """Started by hand, rank 0's process holds the run's store: the others lose it too, and rank 1 says so
+    (among torch's own warnings of the closed connection)."""
+    _, paths = files
+    out = tmp_path / "out.tsv"
+    out.write_text("old\n")
+    (first, _, err0), (second, _, err1) = by_hand(search_argv(paths, "-o", str(out)), tmp_path,
+                                                  {"SWCLI_FAIL_AT": "0:query:1:exit"})
+    assert (first, second) == (3, 1) and err0 == "" and out.read_text() == "old\n"
+    said = [line for line in err1.splitlines() if line.startswith("swcli:")]
+    assert said == ["swcli: error: rank 0 stopped answering (the run's store, which its process holds, does not answer: "
+                    "it may have died or been killed)"]
+
+
+@pytest.mark.parametrize("argv, spec", [
+    (search_argv, "1:query:1:hang"),  # at the exchange of a query's hits
+    (search_argv, "0:query:1,1:report:hang"),  # at the exchange of the failure reports
+    (lambda paths: align_argv(paths, "--format-output", "query,target,evalue", *STATISTICS), "1:broadcast:hang"),
+])
+def test_a_rank_that_hangs_is_named_within_seconds(files, tmp_path, argv, spec):
+    """A rank whose process stops (its heartbeat with it) while the others wait for it in an exchange,
+    polled or the exchange of objects: they stop once it has been silent for SWCLI_DISTRIBUTED_SILENCE
+    (here 3 s) and rank 0 names it."""
+    _, paths = files
+    (first, _, err0), (second, _, _) = by_hand(argv(paths), tmp_path,
+                                               {"SWCLI_FAIL_AT": spec, "SWCLI_DISTRIBUTED_SILENCE": "3"}, hung={1})
+    assert first == 1 and second is None
+    assert err0 == ("swcli: error: rank 1 stopped answering (no sign of life from its process for 3 s, "
+                    "SWCLI_DISTRIBUTED_SILENCE: it may have died or hung)\n")
