@@ -90,8 +90,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     argv None means this is the process (the console script, `python -m swcli`): the signal handler
     then stays in place to the end, and where a scoring thread is still inside an engine call (an error
-    cut its chunk short) the process leaves through os._exit rather than wait for the call. With argv
-    (the tests, in-process) the previous handlers are put back and the code is returned.
+    cut its chunk short), or a distributed run's group broke (its threads may wait for a peer that is
+    gone), the process leaves through os._exit rather than wait. With argv (the tests, in-process) the
+    previous handlers are put back and the code is returned.
     """
     process = argv is None
     previous = interrupt.install()

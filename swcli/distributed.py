@@ -2,7 +2,8 @@
 
 torchrun starts one process per rank and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
 Without them there is no process group and every command runs as one process, as it always did. With
-them (WORLD_SIZE 1 included):
+them (WORLD_SIZE 1 included), set for this process rather than inherited from its parent (launch.py;
+--distributed on|off decides instead):
 
 - The process group has NCCL for CUDA tensors, each rank on cuda:LOCAL_RANK, and gloo for host tensors
   (gloo alone where torch has no CUDA). A search's candidates travel on its engine's device; statuses,
@@ -24,13 +25,20 @@ Failures. Every rank makes the same collectives in the same order, and each coll
 per rank: a rank that raises carries on through the collectives with a failed status instead of its
 data, so every rank learns of the failure at the same collective and stops there. Rank 0 then reports
 the first failing rank's error (its message and exit code); the others exit with that code in silence.
-Rank 0's output goes through output.TsvWriter, so no output file appears and an existing one is kept. A
-rank that dies (killed, out of memory) breaks the gloo connections of the others, or is seen by torchrun,
-which stops the ranks of its host; beyond that every wait has a deadline (SWCLI_DISTRIBUTED_TIMEOUT
-seconds, default 1800). Waits are polled, so a signal (Ctrl-C, torchrun's SIGTERM) ends a rank at once.
+Rank 0's output goes through output.TsvWriter, so no output file appears and an existing one is kept; it
+is put in place in a phase after the last exchange, so that a failing rename is every rank's error.
+What the collectives cannot carry goes through the run's store (monitor.py): an exception that leaves a
+rank's exchanges (finish(), at each command's end) is reported there and the others raise it at their
+next wait; a rank that stops beating for SWCLI_DISTRIBUTED_SILENCE seconds (default 15), or whose
+connection closes, is named. Every wait has a deadline (SWCLI_DISTRIBUTED_TIMEOUT seconds, default 1800)
+and is polled, so a signal (Ctrl-C, torchrun's SIGTERM) ends a rank at once.
 
-SWCLI_FAIL_AT=RANK:POINT[:exit] makes rank RANK fail at POINT (setup, query:K or chunk:K, counted from
-0): it raises an error there, or with :exit dies at once. It exists for the tests of these paths.
+SWCLI_FAIL_AT=RANK:POINT[:HOW][,...] makes rank RANK fail at POINT: setup, read, query:K, merge:K (the
+exchange of query or round K), write:K (rank 0 writing query or round K), write (rank 0 putting the
+output in place), chunk:K, report (the exchange of failure reports), broadcast (of lambda and K); K
+counts from 0. HOW: an error (the default), crash (an exception no stage catches), hang (the process
+freezes, its heartbeat too), exit (it dies at once), device (a device-side assert breaks its CUDA
+context). It exists for the tests of these paths.
 """
 
 from __future__ import annotations
@@ -61,7 +69,6 @@ DEFAULT_TIMEOUT = 1800.0  # seconds a rank waits for the others at one collectiv
 IDENTIFY_SECONDS = 4 * BEAT_SECONDS  # after a closed connection: how long to watch which ranks still beat
 ENGINES = ("cpu", "cuda", "reference")
 ENVIRONMENT = launch.VARIABLES
-MODES = ("auto", "on", "off")  # --distributed
 
 
 class RankFailed(SwcliError):
@@ -370,7 +377,8 @@ def _report(failure: BaseException) -> tuple[int, str | None]:
         return failure.exit_code, str(failure) if failure.shown else None
     if isinstance(failure, (SwcliError, BuildError)):
         return 1, str(failure)
-    return 1, f"{type(failure).__name__}: {failure}"
+    lines = str(failure).strip().splitlines()  # torch's CUDA errors add lines of advice: its traceback has them
+    return 1, f"{type(failure).__name__}: {lines[0] if lines else ''}"
 
 
 def _expected(failure: BaseException) -> bool:
@@ -555,7 +563,7 @@ def inject(group: Group | None, point: str) -> None:
     for item in spec.split(","):
         rank, _, where = item.partition(":")
         how = "error"
-        for kind in ("exit", "crash", "hang"):
+        for kind in ("exit", "crash", "hang", "device"):
             if where.endswith(":" + kind):
                 where, how = where[:-len(kind) - 1], kind
         if rank != str(group.rank) or where != point:
@@ -566,7 +574,19 @@ def inject(group: Group | None, point: str) -> None:
             group.hang()
         if how == "crash":
             raise InjectedCrash(f"crash injected at {point} (SWCLI_FAIL_AT)")
+        if how == "device":
+            _break_the_device()
         raise SwcliError(f"failure injected at {point} (SWCLI_FAIL_AT)")
+
+
+def _break_the_device() -> None:
+    """SWCLI_FAIL_AT's device: a device-side assert on this rank's GPU, which breaks its CUDA context for
+    good (every later CUDA call raises, the NCCL exchanges included)."""
+    if not torch.cuda.is_available():
+        raise SwcliError("SWCLI_FAIL_AT's device needs a CUDA device")
+    outside = torch.tensor([1], device="cuda")
+    torch.zeros(1, device="cuda")[outside]  # an index out of bounds: the kernel's assert
+    torch.cuda.synchronize()  # raises: CUDA error: device-side assert triggered
 
 
 # --------------------------------------------------------------------------------------------------

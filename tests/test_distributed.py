@@ -573,6 +573,36 @@ def test_an_error_that_leaves_the_exchanges_is_reported_to_every_rank(files, tmp
     assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
 
 
+def test_an_error_that_leaves_the_exchanges_under_torchrun(files, tmp_path):
+    """The same through torchrun, whose agent stops the other ranks once one ends: the failing rank ends
+    only once the others have, so that rank 0 has said its error (not "interrupted")."""
+    _, paths = files
+    out = tmp_path / "out.tsv"
+    out.write_text("old\n")
+    run = torchrun(["-m", "swcli", *search_argv(paths, "-o", str(out))], tmp_path, {"SWCLI_FAIL_AT": "1:merge:1:crash"})
+    assert run.returncode != 0 and "interrupted" not in run.stderr
+    said = [line for line in run.stderr.splitlines() if line.startswith("swcli:")]
+    assert said == ["swcli: error: rank 1: " + CRASH.format("merge:1")]
+    assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("argv, spec", [(search_argv, "1:query:1:device"), (align_argv, "1:chunk:1:device")])
+def test_a_broken_cuda_context_on_one_rank_stops_every_rank(files, tmp_path, argv, spec):
+    """A device-side assert on rank 1's GPU: its CUDA context is broken, so in search it cannot take part
+    in the next NCCL exchange (it reports through the store); align's exchanges are on the host. Either
+    way rank 0 says it in one line, every rank exits 1, and the existing output is kept."""
+    _, paths = files
+    out = tmp_path / "out.tsv"
+    out.write_text("old\n")
+    arguments = [a if a != "cpu" else "cuda" for a in argv(paths, "-o", str(out))]
+    (first, _, err0), (second, _, err1) = by_hand(arguments, tmp_path, {"SWCLI_FAIL_AT": spec})
+    assert first == second == 1 and "device-side assert triggered" in err1
+    assert err0 == "swcli: error: rank 1: RuntimeError: CUDA error: device-side assert triggered\n"
+    assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
+
+
 def test_a_rank_that_dies_is_named_by_rank_0(files, tmp_path):
     """Its connection closes: the others watch for a few heartbeats which rank stopped beating."""
     _, paths = files
