@@ -36,7 +36,7 @@ def main() -> None:
     keys = torch.arange(args.top, dtype=torch.int64, device=device)
 
     def exchange() -> None:
-        group.merged_keys(group.send_keys(keys, None, args.top, device), None, args.top)
+        group.merged_keys(group.send_keys(keys, None, None, args.top, False, device), None, args.top, False)
 
     for _ in range(100):
         exchange()
