@@ -353,6 +353,7 @@ def commands(paths, folder):
         ("align_final_write_fails", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-o", out("kept5.tsv"), *cpu],
          {}),
         ("search_alone", ["search", p["q"], p["db"], "-k", "3", "--distributed", "off", *cpu], {}),
+        ("search_disk_full", ["search", p["q"], p["db"], "-t", "1", "-o", "/dev/full", *cpu], {}),
     ]
 
 
@@ -448,6 +449,15 @@ def test_a_final_write_that_fails_on_rank_0_fails_every_rank(ranks, files, name,
     assert first["stderr"] == f"swcli: error: {folder / kept}: cannot write output ({why})\n"
     assert second["stderr"] == first["stdout"] == second["stdout"] == ""
     assert (folder / kept).read_text() == "old\n" and not list(folder.glob(".*.part"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_a_full_disk_on_rank_0_is_one_error_on_every_rank(ranks):
+    """/dev/full fails rank 0's first rows as a full disk does."""
+    first, second = ranks["search_disk_full"]
+    assert first["code"] == second["code"] == 1
+    assert first["stderr"] == "swcli: error: /dev/full: cannot write output (No space left on device)\n"
+    assert second["stderr"] == first["stdout"] == second["stdout"] == ""
 
 
 def test_a_rank_that_dies_fails_the_run_and_keeps_the_output(files, tmp_path):
