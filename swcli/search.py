@@ -30,7 +30,7 @@ import torch
 from swcli import interrupt
 from swcli.database import Database
 from swcli.errors import SwcliError
-from swcli.ops import score_checked_codes
+from swcli.ops import load_engine, score_checked_codes
 
 DEFAULT_MAX_CELLS = 1 << 24  # padded target cells per block, per query residue: 16 MiB of codes
 DEFAULT_MAX_BYTES = 1 << 32  # padded blocks kept on the device beyond this are padded again per query
@@ -218,6 +218,7 @@ class ExactSearch:
             return None  # (gap_open > gap_extend: the general path's checks say what is wrong)
         if not bool(((matrix == matrix.round()) & (matrix.abs() <= cls.LARGEST)).all()):
             return None
+        load_engine("cuda")  # the kernel is the CUDA engine's: a library caller may not have loaded it
         return cls(matrix, int(gaps[0]), int(gaps[1]))
 
     def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:

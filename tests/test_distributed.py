@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -470,6 +471,14 @@ def test_a_rank_that_dies_fails_the_run_and_keeps_the_output(files, tmp_path):
                    {"SWCLI_FAIL_AT": "1:query:1:exit"})
     assert run.returncode != 0
     assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["hits.tsv"]
+
+
+def test_the_exchange_benchmark_runs_on_two_ranks(tmp_path):
+    """benchmarks/distributed_exchange.py calls the group's exchange as the search does: a change of its
+    signature must not leave the benchmark behind."""
+    run = torchrun([str(REPO / "benchmarks" / "distributed_exchange.py"), "--count", "5", "--warm-up", "2"], tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert re.search(r"^2 ranks, cpu, top 10: \d+ us per exchange", run.stdout, re.M), run.stdout
 
 
 def test_distributed_off_runs_each_rank_alone(ranks, files, capsys):

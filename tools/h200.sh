@@ -12,7 +12,7 @@
 #     log-pairs  benchmarks/log_space_pairs.py: pairs the scaled sweep hands to log space
 #     floor      benchmarks/gradient_floor.py: the memory floor of a recomputing gradient
 #     affine-widths  benchmarks/affine_gradient_widths.py: the affine gradient by rows against the state's path
-#     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family
+#     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family (the search's too)
 #     e2e        swcli align on $E2E_PAIRS (1,000,000) real pairs, then bench's end-to-end rows
 #     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency)
 #     steps      seed-shaped batches of growing size in graph replay (benchmarks/profile_workloads.py steps)
@@ -123,6 +123,20 @@ for temp in (0.0, 1.0):
     for lanes in (1, 4, 8):
         torch.ops.swcli.affine_scores_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), qlen.cuda(), tlen.cuda(),
                                             -11.0, -1.0, temp, lane_columns=lanes)
+# the exact 16-bit search kernel: tile shapes from 64 to past 1024 columns, short and odd queries, linear and
+# affine, and a matrix whose self-matches pass int16 (flagged pairs)
+from swcli.scoring import load_matrix
+from swcli.search import Block, ExactSearch
+B62 = load_matrix("BLOSUM62").tensor(device="cuda")
+for width, M in ((64, 1), (200, 33), (513, 300), (1100, 77)):
+    tl = torch.randint(0, width + 1, (300,), generator=g).sort(descending=True).values; tl[0] = width
+    codes_t = torch.randint(0, 24, (300, width), generator=g, dtype=torch.uint8).cuda()
+    query = torch.randint(0, 24, (M,), generator=g, dtype=torch.uint8).cuda()
+    for gaps in ((-4, -4), (-11, -1)):
+        ExactSearch(B62, *gaps).scores(query, Block(codes_t, tl.cuda(), torch.zeros_like(tl).cuda()))
+big = torch.full((24, 24), -3.0, device="cuda"); big.fill_diagonal_(1000.0)
+ExactSearch(big, -4, -4).scores(codes_t[0, :40].contiguous(), Block(codes_t[:, :40].contiguous(),
+                                torch.full((300,), 40, device="cuda"), torch.zeros(300, dtype=torch.int64).cuda()))
 torch.cuda.synchronize(); print("small case done")
 PY
       for tool in memcheck racecheck; do
