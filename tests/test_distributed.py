@@ -1,9 +1,12 @@
 """distributed.py: search and align on torchrun's ranks equal one process, byte for byte; failures stop all.
 
-The shards and the merge are checked in this process against one Searcher (on every device). The runs of
-several processes are two torchrun starts of 2 CPU ranks (gloo): one runs many commands in each rank
-(tests/distributed_worker.py), whose outputs are compared with the same commands in one process; the
-other is the real command line with a rank that dies.
+The shards and the merge are checked in this process against one Searcher (on every device), and which
+processes join (launch.py) against given environments. The runs of several processes are 2 CPU ranks
+(gloo): one torchrun start runs many commands in each rank (tests/distributed_worker.py), whose outputs
+are compared with the same commands in one process; a few more run the real command line through
+torchrun (a rank that dies, an error outside the exchanges, a subprocess of a worker). The failures that
+leave a group broken (an error no exchange carries, a rank that dies or hangs) run the command line as
+ranks started by hand, one pair of processes each, so that each rank's exit code and words are its own.
 """
 
 from __future__ import annotations
@@ -270,6 +273,29 @@ def test_a_usage_error_is_said_by_rank_0_or_by_a_process_that_is_no_rank(monkeyp
     inherit_torchrun(monkeypatch)  # a subprocess of rank 1: alone, it says it
     code, _, err = run_cli(["search", "--no-such-option"], capsys)
     assert code == 2 and err.startswith("swcli: usage error: No such option: --no-such-option")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "nan"])
+def test_the_waits_limits_must_be_seconds(monkeypatch, value):
+    monkeypatch.setenv("SWCLI_DISTRIBUTED_SILENCE", value)
+    with pytest.raises(SwcliError, match=f"^SWCLI_DISTRIBUTED_SILENCE={value}: give the seconds to wait, a number > 0$"):
+        distributed._seconds("SWCLI_DISTRIBUTED_SILENCE", 15.0)
+    monkeypatch.setenv("SWCLI_DISTRIBUTED_SILENCE", "2.5")
+    assert distributed._seconds("SWCLI_DISTRIBUTED_SILENCE", 15.0) == 2.5
+    monkeypatch.delenv("SWCLI_DISTRIBUTED_SILENCE")
+    assert distributed._seconds("SWCLI_DISTRIBUTED_SILENCE", 15.0) == 15.0
+
+
+def test_a_group_that_broke_is_not_used_again(monkeypatch):
+    """One process, several commands (as the tests' worker runs them): after a command left the group
+    broken, the next one says so rather than wait in it."""
+    from swcli import launch
+
+    monkeypatch.setattr(launch, "find", lambda: launch.Launch(1, 2, 1, None))
+    monkeypatch.setattr(distributed, "_group", distributed.Group(1, 2, 1, 60.0, lost=True))
+    with pytest.raises(SwcliError, match="^rank 1: the process group broke in an earlier command of this process$"):
+        distributed.start([], "on")
+    assert distributed.left_broken() and distributed.finish(KeyError("x")).args == ("x",)  # no command ran
 
 
 def test_failures_are_reported_with_their_exit_code():
