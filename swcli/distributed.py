@@ -303,6 +303,15 @@ class Group:
 
     # ---------------------------------------------------------------------------------- search
 
+    def connect(self, device) -> None:
+        """One exchange on the search's device before its first: NCCL makes its communicator and its
+        connections in a group's first exchange on a device, in a call that waits for every rank without
+        polling. Made here, just after every rank said it is ready, a rank that fails later cannot leave
+        the others inside that call."""
+        probe = torch.zeros(1, dtype=torch.int64, device=device)
+        everyone = [torch.empty_like(probe) for _ in range(self.size)]
+        self.wait(dist.all_gather(everyone, probe, async_op=True))
+
     def send_keys(self, keys: torch.Tensor | None, ranks: torch.Tensor | None, failure: BaseException | None,
                   top: int, ranked: bool, device):
         """Start the all-gather of this rank's best keys (and R) of one query (key_payload)."""
@@ -673,6 +682,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
                 out = stack.enter_context(TsvWriter(output, header, formatter.columns if formatter else COLUMNS))
                 rows_of = HitRows(db, formatter)
                 stack.callback(lambda: rows_of.close(finished))  # the details' worker: waited for once done
+        group.connect(searcher.device)
 
         def write(rows: list) -> None:
             for one in rows:
