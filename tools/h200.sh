@@ -4,6 +4,8 @@
 #     build      compile and load the CUDA engine, print the GPU
 #     test       the fast GPU suite: pytest -m "cuda and not slow" (stops at the first failure)
 #     test-slow  the long GPU sweeps: pytest -m "cuda and slow"
+#     dist-test  tests/test_distributed.py whole (its runs of 2 ranks, CPU and CUDA): its NCCL failure tests
+#                need 2 GPUs (nvidia-h200-x2) and skip on one; about 3 minutes
 #     gpu-all    every test, on 14 workers
 #     bench      swcli bench --backend cuda --json (kept as $OUT/bench.json), printed as a table
 #     fuzz       benchmarks/fuzz_scaled.py cuda ($FUZZ_CONFIGS configurations, default 120)
@@ -51,6 +53,9 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
     test-slow)
       timeout ${SLOW_TEST_LIMIT:-540} python3 -m pytest -q -m "cuda and slow" -p no:cacheprovider --durations=8 tests 2>&1 \
         | tee "$OUT/test_cuda_slow.log" | tail -25 ;;
+    dist-test)
+      timeout ${DIST_TEST_LIMIT:-540} python3 -m pytest -q -p no:cacheprovider -rs --durations=8 tests/test_distributed.py \
+        2>&1 | tee "$OUT/test_distributed.log" | tail -25 ;;
     gpu-all)
       timeout 480 python3 -m pytest -q -p no:cacheprovider -n 14 --durations=15 tests 2>&1 | tee "$OUT/test_all.log" | tail -25 ;;
     bench)
