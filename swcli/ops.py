@@ -964,7 +964,7 @@ def soft_smith_waterman(
     The gaps and the temperature are Python numbers, or tensors: 0-d (one value for the batch) or (B,)
     (one per pair), differentiable where they require grad (d score / d gap is the expected number of gap
     positions of the soft alignment; d score / d t needs t > 0), on every backend. The engines read tensor
-    values to the host (one copy a call; not inside a CUDA graph being captured) and run once per group of
+    values to the host (one copy; not inside a CUDA graph being captured) and run once per group of
     pairs with equal values: one group, at full speed, for a 0-d tensor.
 
     return_posterior: return (scores, posterior), the posterior being d score[b] / d S[b] (S's shape):
