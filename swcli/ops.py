@@ -718,19 +718,22 @@ def _engine_groups(S: torch.Tensor, values) -> list:
     return _groups(host, S.device)
 
 
-def _scores_per_pair_by_groups(S, query_lengths, target_lengths, *values):
-    """scores_per_pair and affine_scores_per_pair: the scores operator of each group."""
-    _load_engine_for(S)
-
+def _scores_of_groups(S, query_lengths, target_lengths, groups):
+    """The scores (B,) by the engine's scores operator, once for each group (_groups)."""
     def run(s, q, t, key):
         *gaps, temperature = key
         if len(gaps) == 1:
             return (_scores(s, q, t, gaps[0], temperature),)
         return (_affine_scores(s, q, t, *gaps, temperature),)
 
-    groups = _engine_groups(S, values)
     with torch.no_grad():
         return _by_groups(S, query_lengths, target_lengths, groups, run)[0]
+
+
+def _scores_per_pair_by_groups(S, query_lengths, target_lengths, *values):
+    """scores_per_pair and affine_scores_per_pair: the scores operator of each group."""
+    _load_engine_for(S)
+    return _scores_of_groups(S, query_lengths, target_lengths, _engine_groups(S, values))
 
 
 def _posterior_per_pair_by_groups(S, query_lengths, target_lengths, *values):
@@ -968,7 +971,7 @@ def soft_smith_waterman(
     The gaps and the temperature are Python numbers, or tensors: 0-d (one value for the batch) or (B,)
     (one per pair), differentiable where they require grad (d score / d gap is the expected number of gap
     positions of the soft alignment; d score / d t needs t > 0), on every backend. The engines read tensor
-    values to the host (one copy a call; not inside a CUDA graph being captured) and run once per group of
+    values to the host (one copy; not inside a CUDA graph being captured) and run once per group of
     pairs with equal values: one group, at full speed, for a 0-d tensor.
 
     return_posterior: return (scores, posterior), the posterior being d score[b] / d S[b] (S's shape):
@@ -1174,6 +1177,8 @@ def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_post
     values, host = _per_pair_parameters(S, gaps, temperature)
     differentiable = torch.is_grad_enabled() and (S.requires_grad or any(v.requires_grad for v in values))
     if not (return_posterior or differentiable or torch.jit.is_tracing()):
+        if host is not None:  # the values read already: the engine's scores by groups, no second read
+            return _scores_of_groups(S, qlen, tlen, _groups(host, S.device)), None
         op = _scores_per_pair if len(gaps) == 1 else _affine_scores_per_pair
         return op(S, qlen, tlen, *values), None
     if _capturing_graph():
