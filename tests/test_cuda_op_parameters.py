@@ -267,7 +267,7 @@ def test_empty_batches_with_tensor_parameters():
                                                (torch.float64, 40, False), (torch.float32, 12, True)])
 @pytest.mark.parametrize("t", [0.0, 0.6])
 def test_backward_parameters_sums(kind, dtype, N, by_rows, t):
-    """The backward with sums gives the plain backward's gradient bit for bit, and sums that are the gap
+    """The backward with sums gives the plain backward's gradient (to rounding), and sums that are the gap
     counts (the posterior operators') and <S, grad_S>."""
     if by_rows and t == 0:
         return  # the rows are a scheme of t > 0
@@ -284,7 +284,11 @@ def test_backward_parameters_sums(kind, dtype, N, by_rows, t):
     _, state, best, failed = forward(S, qlen, tlen, *key, t, by_rows)
     assert failed.item() == 0
     grad_S, sums = with_sums(grad_out, S, state, best, failed, qlen, tlen, *key, t, by_rows)
-    assert torch.equal(grad_S, backward(grad_out, S, state, best, failed, qlen, tlen, *key, t, by_rows))
+    # the same gradient, to rounding: the two instantiations are compiled apart, and nvcc may contract a
+    # product and a sum into one FMA in one of them and not in the other (the affine state's kernel)
+    plain = backward(grad_out, S, state, best, failed, qlen, tlen, *key, t, by_rows)
+    exact = dict(rtol=1e-12, atol=1e-15) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grad_S, plain, **exact)
     assert sums.shape == (len(key) + 1, 7) and sums.dtype == dtype
     values = [torch.full((7,), x, dtype=dtype, device="cuda") for x in (*key, t)]
     counts = posterior(S, qlen, tlen, *values)[2:]
