@@ -153,8 +153,8 @@ class Group:
         try:
             if news == "report":
                 return self._reported(self.monitor.reports())
-            if news == "silent":
-                return self._stopped(self.monitor.silent, f"no sign of life from its process for "
+            if news == "silent":  # the ranks news() saw: the thread may have replaced the list since
+                return self._stopped(self.monitor.silent_seen, f"no sign of life from its process for "
                                      f"{self.monitor.silence:g} s, SWCLI_DISTRIBUTED_SILENCE: it may have died or hung")
             raise StoreLost(self.monitor.lost_store)
         except StoreLost as exc:

@@ -26,6 +26,8 @@ import threading
 import time
 from datetime import timedelta
 
+import torch
+
 BEAT_SECONDS = 0.5  # how often a rank says it is alive and reads the others
 DEFAULT_SILENCE = 15.0  # seconds without a sign of life after which a rank has stopped
 POLL_SECONDS = 0.05  # the main thread's reads of the store while it waits for the others' marks
@@ -51,7 +53,9 @@ class Monitor:
         self._main = self._client(store)  # the main thread's, so that neither waits for the other's reads
         now = time.monotonic()
         self._seen = {r: (None, now) for r in self.others}  # a counter's value, and when it last changed here
+        self._beaten = now  # when this thread last read the counters
         self.silent: list[int] = []  # the ranks that have stopped, as the thread last saw them
+        self.silent_seen: list[int] = []  # the silent ranks that news() last reported
         self.gone: set[int] = set()  # the ranks that the main thread found stopped (a closed connection)
         self._reports = (0, 0)  # (command, failure reports of it), as the thread last saw them
         self.lost_store: str | None = None  # why the thread could not reach the store
@@ -62,6 +66,9 @@ class Monitor:
         self._thread.start()
 
     def _client(self, store):
+        if not hasattr(store, "clone"):  # Store.clone came with torch 2.8
+            raise RuntimeError(f"runs under torchrun need torch >= 2.8 (Store.clone), this is torch "
+                               f"{torch.__version__}")
         client = store.clone()
         client.set_timeout(timedelta(seconds=self.silence))  # a store that cannot answer within it is lost
         return client
@@ -76,12 +83,15 @@ class Monitor:
     # ------------------------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
+        answered = time.monotonic()  # when the store last answered a beat
         while True:
             try:
                 self._beat()
-            except Exception as exc:  # the store's host ended, or its connection broke
-                self.lost_store = first_line(exc)
-                return
+                answered = time.monotonic()
+            except Exception as exc:  # the store's host ended, or its connection broke, or one request failed
+                if time.monotonic() - answered > self.silence:
+                    self.lost_store = first_line(exc)
+                    return
             if self._stop.wait(BEAT_SECONDS):
                 return
 
@@ -91,10 +101,14 @@ class Monitor:
         values = store.multi_get([self._key(f"beat/{r}") for r in self.others]) if self.others else []
         reports = int(store.add(f"{PREFIX}{command}/failures", 0))
         now = time.monotonic()
+        # This process was paused (the whole job suspended, a frozen cgroup): the others were too, likely,
+        # and their beats since have not come yet. Silence counts from now.
+        paused = now - self._beaten > 4 * BEAT_SECONDS + self.silence / 2
+        self._beaten = now
         silent = []
         for rank, value in zip(self.others, values):
             last, since = self._seen[rank]
-            if value != last:
+            if value != last or paused:
                 self._seen[rank] = (value, now)
             elif now - since > self.silence:
                 silent.append(rank)
@@ -129,13 +143,15 @@ class Monitor:
 
     def news(self) -> str | None:
         """What the thread learnt that ends a wait: "store" (lost_store says why), "report" (a rank sent
-        one: reports()), "silent" (the ranks in silent stopped), or None."""
+        one: reports()), "silent" (the ranks in silent_seen stopped), or None."""
         if self.lost_store is not None:
             return "store"
         command, reports = self._reports
         if command == self.command and reports:
             return "report"
-        if self.silent:
+        silent = self.silent  # the thread replaces the list, never changes it: this one stays as read
+        if silent:
+            self.silent_seen = silent
             return "silent"
         return None
 

@@ -490,9 +490,11 @@ def _per_pair_gradients(grad_scores, S, values, scores, posterior, counts, needs
     inner = None
     if need_values[-1]:
         torch._assert_async((values[-1] > 0).all(), TEMPERATURE_GRADIENT_AT_ZERO)
-        # <S, posterior> over the cells the alignment can use: S outside the lengths (or -inf where the
-        # posterior is 0) must not turn 0 into NaN.
-        inner = torch.where(zero, 0, g * torch.where(posterior == 0, 0, S * posterior).sum(dim=(1, 2)))
+        # <S, posterior> over the cells the alignment can use: S outside the lengths, or -inf, must not
+        # turn 0 into NaN or inf (a -inf cell's posterior is 0, but the CUDA engine's, the remainder of the
+        # other weights, is a rounding error of about 1e-8)
+        unused = (posterior == 0) | (S == float("-inf"))
+        inner = torch.where(zero, 0, g * torch.where(unused, 0, S * posterior).sum(dim=(1, 2)))
     grad_gaps, grad_t = _gradients_from_sums(g, scores, values, flows, inner, need_values)
     return grad_S, grad_t, grad_gaps
 
@@ -652,17 +654,24 @@ class _ParametersWithGradient(torch.autograd.Function):
                 else:
                     scores = S.new_zeros(S.shape[0]) if scores is None else scores
                     scores.index_copy_(0, index, part_scores)
-        ctx.save_for_backward(S, query_lengths, target_lengths, scores, *values)
-        ctx.parts = parts
+        # The groups' states and gathered pairs go through save_for_backward, as the inputs do, so that
+        # autograd frees them after the backward (and sees them: saved-tensor hooks, retain_graph)
+        saved = [tensor for _, _, state, selected in parts for tensor in (*state[:3], *(selected or (None,) * 3))]
+        ctx.save_for_backward(S, query_lengths, target_lengths, scores, *values, *saved)
+        ctx.parts = [(index, key, state[3], selected is not None) for index, key, state, selected in parts]
+        ctx.value_count = len(values)
         return scores
 
     @staticmethod
     def backward(ctx, grad_scores):
-        S, query_lengths, target_lengths, scores, *values = ctx.saved_tensors
+        S, query_lengths, target_lengths, scores, *rest = ctx.saved_tensors
+        values, saved = rest[:ctx.value_count], rest[ctx.value_count:]
         needs = ctx.needs_input_grad
         grad_S = sums = None
         with torch.no_grad():
-            for index, key, state, selected in ctx.parts:
+            for k, (index, key, by_rows, gathered) in enumerate(ctx.parts):
+                state = (*saved[6 * k:6 * k + 3], by_rows)
+                selected = tuple(saved[6 * k + 3:6 * k + 6]) if gathered else None
                 g = grad_scores if index is None else grad_scores.index_select(0, index)
                 part_grad, part_sums = _backward_with_sums(g, *(selected or (S, query_lengths, target_lengths)), key,
                                                            *state)

@@ -498,3 +498,29 @@ def test_double_backward_is_a_clear_error():
     assert grad.requires_grad
     with pytest.raises(RuntimeError, match="not differentiable"):
         torch.autograd.grad(grad.sum(), gap)
+
+
+@pytest.mark.parametrize("N", [40, 200])  # the DP table's backward, and the rows'
+def test_minus_inf_scores_leave_the_temperature_gradient_finite(N):
+    # a block of -inf (a masked region): its cells' posterior is 0, but the linear CUDA kernels take the
+    # match weight as what the other weights leave, about 1e-8; <S, grad_S> must not make that -inf
+    S = random_scores((6, 30, N), seed=12900, scale=1.5)
+    S[:, 5:12, 10:25] = float("-inf")
+    gaps, temperature = gaps_of("linear", "0-d", 6), temperature_of(1.0, "0-d", 6)
+    _, exact = parameter_gradients(S, gaps, temperature, None, None, None, backend="cpu")
+    _, single = parameter_gradients(*on("cpu", torch.float32, S, gaps, temperature, None, None), None, backend="cpu")
+    _, got = parameter_gradients(*on("cuda", torch.float32, S, gaps, temperature, None, None), None)
+    got = {name: x.cpu() for name, x in got.items()}
+    assert torch.isfinite(got["temperature"]).all() and torch.isfinite(got["gap"]).all()
+    for name in ("gap", "temperature"):
+        assert_float32_close(got, exact, single, name)
+
+
+def test_backward_operators_check_grad_scores():
+    ops.load_engine("cuda")
+    S = random_scores((4, 20, 200), seed=12950, dtype=torch.float32, device="cuda")
+    for by_rows in (False, True):
+        _, state, best, failed = torch.ops.swcli.forward(S, None, None, -1.0, 1.0, by_rows)
+        for grad in (torch.ones(4), torch.ones(3, device="cuda")):
+            with pytest.raises(RuntimeError, match=r"grad_scores must be a \(4,\) tensor on the scores' device"):
+                torch.ops.swcli.backward_parameters(grad, S, state, best, failed, None, None, -1.0, 1.0, by_rows)

@@ -96,3 +96,28 @@ def test_a_store_that_is_gone_is_said():
             monitor.reports()
     finally:
         monitor.stop()
+
+
+def test_a_pause_of_this_process_restarts_the_count_of_silence(pair):
+    # the whole job suspended and resumed: this rank's thread wakes before the others have beaten again,
+    # which must not make them stopped; without a pause, the same counter is silence
+    for monitor in pair:
+        monitor.stop()  # the beats are driven by hand below
+    first = pair[0]
+    first._beat()
+    value, _ = first._seen[1]
+    long_ago = time.monotonic() - 10 * first.silence - 10 * BEAT_SECONDS
+    first._seen[1], first._beaten = (value, long_ago), long_ago
+    first._beat()
+    assert first.silent == []
+    first._seen[1] = (value, long_ago)  # the same, now with this thread's last beat recent
+    first._beat()
+    assert first.silent == [1] and first.news() == "silent" and first.silent_seen == [1]
+
+
+def test_a_store_without_clone_is_a_clear_error():
+    class OldStore:  # torch before 2.8
+        pass
+
+    with pytest.raises(RuntimeError, match=r"torchrun need torch >= 2.8 \(Store.clone\)"):
+        Monitor(OldStore(), 0, 2, 1.0)

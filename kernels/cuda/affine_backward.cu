@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
           if (SUMS && r < valid) {
             sum.part[0] += ex + ey;
             sum.part[1] += extended;
-            sum.add_flow(2, g[r], __ldg(Sb + int64_t(i) * N + col + r));
+            sum.add_inner(2, g[r], __ldg(Sb + int64_t(i) * N + col + r));
           }
         }
         send_x = exn;

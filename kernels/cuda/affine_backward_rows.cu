@@ -261,7 +261,7 @@ __device__ __forceinline__ void affine_adjoint_row(const float (&H)[kRowCols], c
       sum->add_flow(0, y, yv);
       sum->add_flow(1, x_right, E * xv);  // along the extension edges, to X on the right and Y below
       sum->add_flow(1, eb[r], yv);
-      sum->add_flow(2, below.w[r], s[r]);
+      sum->add_inner(2, below.w[r], s[r]);
     }
     x_right = x_here;
   }

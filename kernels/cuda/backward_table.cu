@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
               g[r] = grad * diag_flow;
               if (SUMS) {
                 sum.add_flow(0, e, wu + wl);
-                sum.add_flow(1, g[r], src.s[d][r]);
+                sum.add_inner(1, g[r], src.s[d][r]);
               }
               right = e * wl + carry_diag[r];
               carry_diag[r] = diag_flow;

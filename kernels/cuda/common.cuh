@@ -257,6 +257,12 @@ struct PairSums {
   __device__ __forceinline__ void add_flow(int k, A adjoint, A weight) {
     if (adjoint != A(0)) part[k] += adjoint * weight;
   }
+  // grad_S * S where grad_S is not 0 and S is not -inf: a -inf cell's weight is 0, but the linear kernels
+  // take the match weight as what the other weights leave, a rounding error of about 1e-8 there, whose
+  // product with -inf would make the inner product, and so d score / d t, infinite.
+  __device__ __forceinline__ void add_inner(int k, A grad_S, A s) {
+    if (grad_S != A(0) && !(s == A(-INFINITY))) part[k] += grad_S * s;
+  }
   // Every lane of the warp calls it.
   __device__ __forceinline__ void add_to(A* sums, int64_t B, int64_t b) {
 #pragma unroll

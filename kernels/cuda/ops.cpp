@@ -385,6 +385,8 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false, true);
   TORCH_CHECK(error.empty(), error);
+  TORCH_CHECK(grad_scores.device() == S_in.device() && grad_scores.dim() == 1 && grad_scores.size(0) == B,
+              "grad_scores must be a (" + std::to_string(B) + ",) tensor on the scores' device");
   if (tiles_take(S_in, lane_columns)) {
     if (!sums.defined()) return backward_tiles(grad_scores, S_in, table, best_at, qlen, tlen, gap, temperature);
     // The tiles' backward sums nothing for the gaps and the temperature: their gradient takes the DP
@@ -476,8 +478,12 @@ at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, 
   TORCH_CHECK(kept.is_cuda() && kept.dim() == 2 && kept.size(0) == B && kept.size(1) == sw_cuda_rows_kept_floats(M) &&
                   kept.scalar_type() == at::kFloat && kept.is_contiguous() && best_row.is_cuda() &&
                   best_row.numel() == B && best_row.scalar_type() == at::kLong && best_row.is_contiguous() &&
-                  failed.is_cuda() && failed.numel() == 1 && failed.scalar_type() == at::kInt,
+                  failed.is_cuda() && failed.numel() == 1 && failed.scalar_type() == at::kInt &&
+                  kept.device() == S_in.device() && best_row.device() == S_in.device() &&
+                  failed.device() == S_in.device(),
               "kept rows do not match the score matrix (they come from forward_rows)");
+  TORCH_CHECK(grad_scores.device() == S_in.device() && grad_scores.dim() == 1 && grad_scores.size(0) == B,
+              "grad_scores must be a (" + std::to_string(B) + ",) tensor on the scores' device");
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
   const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S.device(), 4, sw_cuda_tile_columns(4), false);

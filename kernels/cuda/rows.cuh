@@ -345,7 +345,7 @@ __device__ __forceinline__ void adjoint_row(const float (&Er)[kRowCols], int sig
     below.A[r] = a, below.w[r] = a * Q[r];
     if (SUMS) {
       sum->add_flow(0, a, fmaf(G, r > 0 ? Er[r - 1] : left, Gu * Eu[r]));
-      sum->add_flow(1, below.w[r], s[r]);
+      sum->add_inner(1, below.w[r], s[r]);
     }
   }
   below.sig = sig_r;
