@@ -34,9 +34,9 @@ connection closes, is named. Every wait has a deadline (SWCLI_DISTRIBUTED_TIMEOU
 and is polled, so a signal (Ctrl-C, torchrun's SIGTERM) ends a rank at once.
 
 SWCLI_FAIL_AT=RANK:POINT[:HOW][,...] makes rank RANK fail at POINT: setup, read, query:K, merge:K (the
-exchange of query or round K), write:K (rank 0 writing query or round K), write (rank 0 putting the
-output in place), chunk:K, report (the exchange of failure reports), broadcast (of lambda and K); K
-counts from 0. HOW: an error (the default), crash (an exception no stage catches), hang (the process
+exchange of query or round K), write:K (rank 0 writing query or round K), closing (any rank, its part
+done), write (rank 0 putting the output in place), chunk:K, report (the exchange of failure reports),
+broadcast (of lambda and K); K counts from 0. HOW: an error (the default), crash (an exception no stage catches), hang (the process
 freezes, its heartbeat too), exit (it dies at once), device (a device-side assert breaks its CUDA
 context). It exists for the tests of these paths.
 """
@@ -552,7 +552,10 @@ def writer(group: Group | None, path: str | None, header: bool, columns: tuple[s
 def put_in_place(group: Group, output: ExitStack) -> None:
     """Close `output` (rank 0's TsvWriter: the output renamed or copied into place), once every rank has
     said it is done, in a phase: an error there (a full disk, a folder made read-only) is every rank's, and
-    the existing file is kept."""
+    the existing file is kept. Every rank first says it has come here, so that a rank that fails after
+    the last exchange (its teardown, a signal) stops the run before the rename, not after it."""
+    with phase(group):
+        inject(group, "closing")
     with phase(group):
         if group.leader:
             inject(group, "write")

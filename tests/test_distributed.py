@@ -380,6 +380,8 @@ def commands(paths, folder):
         ("align_final_write_fails", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-o", out("kept5.tsv"), *cpu],
          {}),
         ("search_alone", ["search", p["q"], p["db"], "-k", "3", "--distributed", "off", *cpu], {}),
+        ("search_fails_on_rank_1_at_the_end", ["search", p["q"], p["db"], "-t", "1", "-o", out("kept6.tsv"), *cpu],
+         {"SWCLI_FAIL_AT": "1:closing"}),
         ("search_disk_full", ["search", p["q"], p["db"], "-t", "1", "-o", "/dev/full", *cpu], {}),
     ]
 
@@ -390,7 +392,7 @@ FAULTS = {
     "search_final_write_fails": {"rank": 0, "call": "fsync", "errno": "ENOSPC"},
     "align_final_write_fails": {"rank": 0, "call": "replace", "errno": "EACCES"},
 }
-KEPT = ("kept1.tsv", "kept2.tsv", "kept3.tsv", "kept4.tsv", "kept5.tsv")
+KEPT = ("kept1.tsv", "kept2.tsv", "kept3.tsv", "kept4.tsv", "kept5.tsv", "kept6.tsv")
 
 
 @pytest.fixture(scope="module")
@@ -451,6 +453,15 @@ def test_a_failing_rank_stops_every_rank_and_rank_0_says_why(ranks, files, name,
     for kept in ("kept1.tsv", "kept3.tsv"):  # the existing outputs are as they were, and alone
         assert (folder / kept).read_text() == "old\n"
     assert not list(folder.glob(".*.part"))
+
+
+def test_a_rank_failing_after_the_last_exchange_keeps_the_existing_output(ranks, files):
+    # rank 1 fails once the hits are all written to rank 0's temporary file: the run stops before the rename
+    folder, _ = files
+    first, second = ranks["search_fails_on_rank_1_at_the_end"]
+    assert first["code"] == second["code"] == 1
+    assert first["stderr"] == "swcli: error: rank 1: failure injected at closing (SWCLI_FAIL_AT)\n"
+    assert (folder / "kept6.tsv").read_text() == "old\n" and not list(folder.glob(".*.part"))
 
 
 def test_a_bad_letter_seen_by_one_rank_is_its_error(ranks, files, capsys):
