@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from swcli.errors import SwcliError
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-MEETING = ("MASTER_ADDR", "MASTER_PORT")  # compared too: a nested torchrun's ranks meet elsewhere
+# Compared too where set: a nested torchrun's ranks meet elsewhere, and torchrun gives each worker its run's
+# id and an error file of its own, which its agent does not hold even where the agent's environment has
+# the other variables (a shell that exported them, a scheduler that sets them per node)
+MEETING = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
 
 
 @dataclass(frozen=True)

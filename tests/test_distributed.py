@@ -217,6 +217,16 @@ def test_torchrun_variables_count_only_where_the_parent_does_not_hold_them(paren
     assert launch.find(without_meeting, TORCHRUN, 7).inherited  # the meeting point is compared where set
 
 
+def test_a_torchrun_worker_whose_agent_holds_the_same_variables_is_a_rank():
+    # the shell that started torchrun exported RANK, WORLD_SIZE, LOCAL_RANK and the meeting point: the
+    # agent's environment holds them, but not the run id and error file torchrun gives each worker
+    from swcli import launch
+
+    worker = {**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_ERROR_FILE": "/tmp/t/attempt_0/1/error.json"}
+    assert not launch.find(worker, TORCHRUN, 11).inherited
+    assert launch.find(worker, worker, 12).inherited  # a process that the worker starts
+
+
 def test_the_parent_environment_is_read_from_proc():
     """A process's environment as it started: the child's own holds the variable given to it, its parent's
     (this process, which never had it) does not."""
