@@ -191,6 +191,14 @@ T* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
+// What is wrong with a backward's incoming gradient, or "": B values on S's device.
+std::string grad_scores_error(const at::Tensor& S, const at::Tensor& grad_scores) {
+  const int64_t B = S.size(0);
+  if (!(grad_scores.device() == S.device() && grad_scores.numel() == B))
+    return "grad_scores must hold " + std::to_string(B) + " values on the scores' device";
+  return "";
+}
+
 // What is wrong with what a backward reads from its forward, or "": a flat state of `size` values of S's dtype,
 // best (B,) int64 and grad_scores (B,), on S's device. `forward` names the forward they come from.
 std::string saved_error(const at::Tensor& S, const at::Tensor& state, int64_t size, const at::Tensor& best,
@@ -202,9 +210,21 @@ std::string saved_error(const at::Tensor& S, const at::Tensor& state, int64_t si
            std::to_string(size) + " values of S's dtype on its device (from the same lane_columns)";
   if (!(best.device() == S.device() && best.numel() == B && best.scalar_type() == at::kLong))
     return "best does not match the score matrix: it must be the (B,) int64 best cells of the " + forward;
-  if (!(grad_scores.device() == S.device() && grad_scores.numel() == B))
-    return "grad_scores must hold " + std::to_string(B) + " values on the scores' device";
-  return "";
+  return grad_scores_error(S, grad_scores);
+}
+
+// What is wrong with what a gradient by rows reads from its forward, or "": `floats` kept floats a pair,
+// best_row (B,) int64 and the failed count (1,) int32, on S's device, then grad_scores. `forward` names the
+// forward they come from.
+std::string kept_rows_error(const at::Tensor& S, const at::Tensor& kept, int64_t floats, const at::Tensor& best_row,
+                            const at::Tensor& failed, const at::Tensor& grad_scores, const std::string& forward) {
+  const int64_t B = S.size(0);
+  if (!(kept.device() == S.device() && kept.numel() == B * floats && kept.scalar_type() == at::kFloat &&
+        kept.is_contiguous() && best_row.device() == S.device() && best_row.numel() == B &&
+        best_row.scalar_type() == at::kLong && best_row.is_contiguous() && failed.device() == S.device() &&
+        failed.numel() == 1 && failed.scalar_type() == at::kInt))
+    return "kept rows do not match the score matrix (they come from " + forward + ")";
+  return grad_scores_error(S, grad_scores);
 }
 
 // The Problem of a call by tiles: the lengths as given (checked by batch_error), no order.
@@ -385,8 +405,8 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false, true);
   TORCH_CHECK(error.empty(), error);
-  TORCH_CHECK(grad_scores.device() == S_in.device() && grad_scores.dim() == 1 && grad_scores.size(0) == B,
-              "grad_scores must be a (" + std::to_string(B) + ",) tensor on the scores' device");
+  const std::string grad_error = grad_scores_error(S_in, grad_scores);
+  TORCH_CHECK(grad_error.empty(), grad_error);
   if (tiles_take(S_in, lane_columns)) {
     if (!sums.defined()) return backward_tiles(grad_scores, S_in, table, best_at, qlen, tlen, gap, temperature);
     // The tiles' backward sums nothing for the gaps and the temperature: their gradient takes the DP
@@ -475,15 +495,9 @@ at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, 
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
   TORCH_CHECK(error.empty(), error);
-  TORCH_CHECK(kept.is_cuda() && kept.dim() == 2 && kept.size(0) == B && kept.size(1) == sw_cuda_rows_kept_floats(M) &&
-                  kept.scalar_type() == at::kFloat && kept.is_contiguous() && best_row.is_cuda() &&
-                  best_row.numel() == B && best_row.scalar_type() == at::kLong && best_row.is_contiguous() &&
-                  failed.is_cuda() && failed.numel() == 1 && failed.scalar_type() == at::kInt &&
-                  kept.device() == S_in.device() && best_row.device() == S_in.device() &&
-                  failed.device() == S_in.device(),
-              "kept rows do not match the score matrix (they come from forward_rows)");
-  TORCH_CHECK(grad_scores.device() == S_in.device() && grad_scores.dim() == 1 && grad_scores.size(0) == B,
-              "grad_scores must be a (" + std::to_string(B) + ",) tensor on the scores' device");
+  const std::string saved =
+      kept_rows_error(S_in, kept, sw_cuda_rows_kept_floats(M), best_row, failed, grad_scores, "forward_rows");
+  TORCH_CHECK(saved.empty(), saved);
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
   const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S.device(), 4, sw_cuda_tile_columns(4), false);
@@ -635,13 +649,9 @@ at::Tensor affine_backward_rows(const at::Tensor& grad_scores, const at::Tensor&
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
   TORCH_CHECK(error.empty(), error);
-  TORCH_CHECK(kept.is_cuda() && kept.dim() == 1 && kept.numel() == B * sw_cuda_affine_rows_kept_floats(M) &&
-                  kept.scalar_type() == at::kFloat && kept.is_contiguous() && best_row.is_cuda() &&
-                  best_row.numel() == B && best_row.scalar_type() == at::kLong && best_row.is_contiguous() &&
-                  failed.is_cuda() && failed.numel() == 1 && failed.scalar_type() == at::kInt,
-              "kept rows do not match the score matrix (they come from affine_forward with by_rows)");
-  TORCH_CHECK(grad_scores.device() == S_in.device() && grad_scores.numel() == B,
-              "grad_scores must hold " + std::to_string(B) + " values on the scores' device");
+  const std::string saved = kept_rows_error(S_in, kept, sw_cuda_affine_rows_kept_floats(M), best_row, failed,
+                                            grad_scores, "affine_forward with by_rows");
+  TORCH_CHECK(saved.empty(), saved);
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
   const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S.device(), 4, sw_cuda_tile_columns(4), false);
