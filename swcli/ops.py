@@ -599,19 +599,27 @@ def _select_pairs(index, *tensors):
     return tuple(None if x is None else x.index_select(0, index) for x in tensors)
 
 
-def _by_groups(S, qlen, tlen, groups, run):
-    """run(S, qlen, tlen, key) -> tensors whose first dimension is the pair, for each group (_groups), put
-    back in batch order. One group runs on the tensors as given."""
-    if groups[0][0] is None:
-        return run(S, qlen, tlen, groups[0][1])
+def _in_batch_order(B: int, groups, parts):
+    """The groups' outputs (parts: for each group, in order, tensors whose first dimension is its pairs)
+    put back in the order of the batch's B pairs; one group's as they are. parts may be a generator: each
+    group's outputs are placed before the next group's are computed."""
     outputs = None
-    for index, key in groups:
-        part = run(*_select_pairs(index, S, qlen, tlen), key)
+    for (index, _), part in zip(groups, parts):
+        if index is None:
+            return part
         if outputs is None:
-            outputs = [x.new_zeros((S.shape[0], *x.shape[1:])) for x in part]
+            outputs = [x.new_zeros((B, *x.shape[1:])) for x in part]
         for out, x in zip(outputs, part):
             out.index_copy_(0, index, x)
     return outputs
+
+
+def _by_groups(S, qlen, tlen, groups, run):
+    """run(S, qlen, tlen, key) -> tensors whose first dimension is the pair, for each group (_groups), put
+    back in batch order. One group runs on the tensors as given."""
+    return _in_batch_order(S.shape[0], groups, (run(*((S, qlen, tlen) if index is None else
+                                                      _select_pairs(index, S, qlen, tlen)), key)
+                                                for index, key in groups))
 
 
 def _forward_keeping_state(S, qlen, tlen, key):
@@ -643,22 +651,21 @@ class _ParametersWithGradient(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, S, query_lengths, target_lengths, groups, *values):
-        parts, scores = [], None
+        states = []  # each group's (state, best, failed, by_rows) and gathered pairs (None: the batch as given)
+
+        def run(s, q, t, key):
+            part_scores, *state = _forward_keeping_state(s, q, t, key)
+            states.append((state, None if s is S else (s, q, t)))
+            return [part_scores]
+
         with torch._C._AutoDispatchBelowAutograd():
-            for index, key in groups:
-                selected = None if index is None else _select_pairs(index, S, query_lengths, target_lengths)
-                part_scores, *state = _forward_keeping_state(*(selected or (S, query_lengths, target_lengths)), key)
-                parts.append((index, key, state, selected))
-                if index is None:
-                    scores = part_scores
-                else:
-                    scores = S.new_zeros(S.shape[0]) if scores is None else scores
-                    scores.index_copy_(0, index, part_scores)
+            scores, = _by_groups(S, query_lengths, target_lengths, groups, run)
         # The groups' states and gathered pairs go through save_for_backward, as the inputs do, so that
         # autograd frees them after the backward (and sees them: saved-tensor hooks, retain_graph)
-        saved = [tensor for _, _, state, selected in parts for tensor in (*state[:3], *(selected or (None,) * 3))]
+        saved = [tensor for state, selected in states for tensor in (*state[:3], *(selected or (None,) * 3))]
         ctx.save_for_backward(S, query_lengths, target_lengths, scores, *values, *saved)
-        ctx.parts = [(index, key, state[3], selected is not None) for index, key, state, selected in parts]
+        ctx.parts = [(index, key, state[3], selected is not None)
+                     for (index, key), (state, selected) in zip(groups, states)]
         ctx.value_count = len(values)
         return scores
 
@@ -667,21 +674,19 @@ class _ParametersWithGradient(torch.autograd.Function):
         S, query_lengths, target_lengths, scores, *rest = ctx.saved_tensors
         values, saved = rest[:ctx.value_count], rest[ctx.value_count:]
         needs = ctx.needs_input_grad
-        grad_S = sums = None
+
+        def part(k, index, key, by_rows, gathered):
+            """The group's (grad_S, sums transposed: (pairs, k)), from its saved state."""
+            state = (*saved[6 * k:6 * k + 3], by_rows)
+            selected = tuple(saved[6 * k + 3:6 * k + 6]) if gathered else (S, query_lengths, target_lengths)
+            g = grad_scores if index is None else grad_scores.index_select(0, index)
+            part_grad, part_sums = _backward_with_sums(g, *selected, key, *state)
+            return part_grad, part_sums.T
+
         with torch.no_grad():
-            for k, (index, key, by_rows, gathered) in enumerate(ctx.parts):
-                state = (*saved[6 * k:6 * k + 3], by_rows)
-                selected = tuple(saved[6 * k + 3:6 * k + 6]) if gathered else None
-                g = grad_scores if index is None else grad_scores.index_select(0, index)
-                part_grad, part_sums = _backward_with_sums(g, *(selected or (S, query_lengths, target_lengths)), key,
-                                                           *state)
-                if index is None:
-                    grad_S, sums = part_grad, part_sums
-                    continue
-                if sums is None:
-                    grad_S, sums = S.new_zeros(S.shape), S.new_zeros(len(values), S.shape[0])
-                grad_S.index_copy_(0, index, part_grad)
-                sums.index_copy_(1, index, part_sums)
+            groups = [(index, key) for index, key, _, _ in ctx.parts]
+            grad_S, sums = _in_batch_order(S.shape[0], groups, (part(k, *p) for k, p in enumerate(ctx.parts)))
+            sums = sums.T
             grad_gaps, grad_t = _gradients_from_sums(grad_scores, scores, values, sums[:-1], sums[-1], needs[4:])
         grad_S, grad_t, *grad_gaps = _once_differentiable((S, *values, grad_scores), grad_S if needs[0] else None,
                                                           grad_t, *grad_gaps)
