@@ -462,6 +462,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
             stats.queries += 1
             stats.cells += len(records[k].sequence) * db.residues
             stats.kernel_seconds += seconds
+            stats.rescored = searcher.rescored
             if group.leader:
                 write(rows_of.put(records[k], codes[k], found))
                 if bar is not None:
@@ -504,7 +505,7 @@ def search_shard(group: Group, searcher, query_codes: list[bytes], consume, drai
                 keys = None
                 if failure is None:
                     try:
-                        wait_for(pool.submit(counted_call, searcher.rescore_overflows, previous))
+                        wait_for(pool.submit(counted_call, searcher.rescore_flagged, previous))
                         keys = previous.keys
                     except Exception as exc:
                         failure = exc

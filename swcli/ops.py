@@ -97,6 +97,11 @@ SCHEMAS.update({
 SCHEMAS["search_scores_s16"] = ("(Tensor query, Tensor target, Tensor target_lengths, Tensor table, int gap_open, "
                                 "int gap_extend, int limit) -> (Tensor, Tensor)")
 
+# Soft search scores at t > 0 in float32, CUDA only (kernels/cuda/search_soft.cu; search.SoftSearch).
+SCHEMAS["search_scores_soft"] = ("(Tensor query, Tensor target, Tensor target_lengths, Tensor powers, bool affine, "
+                                 "float gap_factor, float extend_factor, float temperature, int upper, int middle, "
+                                 "int lower, int floor, float bound) -> (Tensor, Tensor)")
+
 _LIBRARY = torch.library.Library("swcli", "DEF")
 for _name, _schema in SCHEMAS.items():
     _LIBRARY.define(_name + _schema)
@@ -334,6 +339,12 @@ def _affine_backward_fake(grad_scores, S, state, best, failed, query_lengths, ta
 @torch.library.register_fake("swcli::search_scores_s16")
 def _search_scores_s16_fake(query, target, target_lengths, table, gap_open, gap_extend, limit):
     return target.new_empty(target.shape[0], dtype=torch.int32), target.new_empty(1, dtype=torch.int32)
+
+
+@torch.library.register_fake("swcli::search_scores_soft")
+def _search_scores_soft_fake(query, target, target_lengths, powers, affine, gap_factor, extend_factor, temperature,
+                             upper, middle, lower, floor, bound):
+    return target.new_empty(target.shape[0], dtype=torch.float32), target.new_empty(1, dtype=torch.int32)
 
 
 def _save_for_affine_gradient(ctx, S, query_lengths, target_lengths, state, best, failed, gap_open, gap_extend,

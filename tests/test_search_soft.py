@@ -1,0 +1,252 @@
+"""The soft search kernel's algorithm (kernels/cuda/search_soft.cu, search.SoftSearch) on the CPU: its
+NumPy model (swcli.testing.soft_search_model, the same cells, scales, checks and padding) against the
+float64 reference loop, the settings that take the kernel, and the search's handling of flagged pairs."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from swcli import database
+from swcli.errors import SwcliError
+from swcli.fasta import FastaRecord
+from swcli.ops import load_engine, score_checked_codes
+from swcli.reference import soft_smith_waterman_affine_reference, soft_smith_waterman_reference
+from swcli.scoring import load_matrix
+from swcli.search import Searcher, SoftSearch
+from swcli.testing import random_protein, related_protein_pairs, soft_search_model
+
+BLOSUM62 = load_matrix("BLOSUM62")
+LINEAR = {"gap": -4.0, "gap_open": None, "gap_extend": None}
+AFFINE = {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}
+
+
+def codes(sequence: str) -> np.ndarray:
+    return np.frombuffer(BLOSUM62.encode(sequence, lambda: "test"), np.uint8).astype(np.int64)
+
+
+def padded(sequences: list[str], width: int | None = None, junk: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(B, width) codes with `junk` past each length (a real letter: the kernel must not read it), lengths."""
+    width = max([len(s) for s in sequences] + [1]) if width is None else width
+    block = np.full((len(sequences), width), junk, np.int64)
+    for b, s in enumerate(sequences):
+        block[b, :len(s)] = codes(s)
+    return block, np.array([len(s) for s in sequences], np.int64)
+
+
+def reference_scores(query: str, sequences: list[str], gaps: dict, t: float) -> np.ndarray:
+    block, lengths = padded(sequences)
+    S = BLOSUM62.tensor().double()[torch.from_numpy(codes(query))[None, :, None], torch.from_numpy(block)[:, None, :]]
+    if gaps["gap"] is not None:
+        return soft_smith_waterman_reference(S, gaps["gap"], t, None, torch.from_numpy(lengths)).numpy()
+    return soft_smith_waterman_affine_reference(S, gaps["gap_open"], gaps["gap_extend"], t, None,
+                                                torch.from_numpy(lengths)).numpy()
+
+
+def sample(seed: int) -> tuple[str, list[str]]:
+    """A query and targets: empty, one letter, random, the query's pieces and a mutated copy of it."""
+    rng = random.Random(seed)
+    query, relative = related_protein_pairs(seed, 1, 30, 45)[0]
+    return query, ["", "W", random_protein(rng, 1), random_protein(rng, 17), random_protein(rng, 40), relative,
+                   query[3:20], query]
+
+
+@pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+@pytest.mark.parametrize("t", [1.0, 2.0])
+def test_the_model_equals_the_float64_reference(gaps, t):
+    query, sequences = sample(1 if gaps is LINEAR else 2)
+    plan = SoftSearch.plan(BLOSUM62.tensor(), t, **gaps)
+    block, lengths = padded(sequences, junk=5)
+    scores, flagged = soft_search_model(codes(query), block, lengths, plan)
+    expected = reference_scores(query, sequences, gaps, t)
+    assert not flagged.any()
+    np.testing.assert_allclose(scores, expected, rtol=2e-6, atol=1e-7)
+    assert scores[0] == 0.0  # an empty target
+
+
+def test_a_one_letter_query_and_an_empty_query():
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **LINEAR)
+    sequences = ["", "W", "AWA", "MKV"]
+    block, lengths = padded(sequences)
+    scores, flagged = soft_search_model(codes("W"), block, lengths, plan)
+    np.testing.assert_allclose(scores, reference_scores("W", sequences, LINEAR, 1.0), rtol=2e-6)
+    assert not flagged.any()
+    empty, flagged = soft_search_model(codes(""), block, lengths, plan)
+    assert empty.tolist() == [0.0] * 4 and not flagged.any()
+
+
+@pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+def test_rescaling_often_keeps_the_scores(gaps):
+    """With a low upper exponent every segment of a strong alignment is rescaled again and again, up and
+    down, and the scores stay the float64 ones: the rescaling is exact. (The floor, whose budget a low
+    upper exponent cuts, is set aside here: its own test is below.)"""
+    query, sequences = sample(3)
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
+    low = dict(plan, upper=30, middle=20, lower=4, floor=126)
+    block, lengths = padded(sequences)
+    counts = {}
+    scores, flagged = soft_search_model(codes(query), block, lengths, low, counts)
+    assert counts["rescalings"] > 100
+    assert not flagged.any()
+    np.testing.assert_allclose(scores, reference_scores(query, sequences, gaps, 1.0), rtol=2e-6, atol=1e-7)
+
+
+def test_cells_under_the_floor_flag_the_pair():
+    """A floor of 2^-0 with values scaled far down: a self-alignment's segments pass sigma > F with cells
+    under 1, and the pair is flagged; an empty target and a weak pair are not."""
+    query = related_protein_pairs(4, 1, 40, 40)[0][0]
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **LINEAR)
+    strict = dict(plan, upper=30, middle=20, lower=4, floor=0)
+    block, lengths = padded([query, "", "G"])
+    _, flagged = soft_search_model(codes(query), block, lengths, strict)
+    assert flagged.tolist() == [True, False, False]
+
+
+def test_a_best_cell_under_the_padding_bound_is_flagged():
+    """The bound is the padded cells' limit: a pair whose best cell is not above it is flagged (here a
+    bound raised on purpose: the weak pairs)."""
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **LINEAR)
+    sequences = ["W", "G", "WWWW", ""]
+    block, lengths = padded(sequences, width=40)
+    raised = dict(plan, bound=float(np.float32(2.0 ** (3.0 / math.log(2)))))  # E of a score of 3 at t = 1
+    scores, flagged = soft_search_model(codes("W"), block, lengths, raised)
+    expected = reference_scores("W", sequences, LINEAR, 1.0)
+    assert flagged.tolist() == [e <= 3.0 for e in expected[:3]] + [False]
+    np.testing.assert_allclose(scores[~flagged], expected[~flagged], rtol=2e-6)
+
+
+@pytest.mark.parametrize("gaps", [LINEAR, AFFINE, {"gap": -1.0, "gap_open": None, "gap_extend": None}],
+                         ids=["linear", "affine", "gap-1"])
+def test_padding_never_raises_a_score_above_the_bound(gaps):
+    """Targets of a few letters in a block 100 columns wide (a sea of padding) against the same targets
+    without it: the scores above the bound are the same and are the reference's; at gap -1 (G = 0.37,
+    bound 3.8) weak pairs are flagged, never wrong."""
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
+    rng = random.Random(5)
+    query = random_protein(rng, 25)
+    sequences = [random_protein(rng, n) for n in (1, 1, 2, 3, 5, 8, 9)] + ["W", "WC"]
+    narrow, flags_narrow = soft_search_model(codes(query), *padded(sequences), plan)
+    wide, flags_wide = soft_search_model(codes(query), *padded(sequences, width=100, junk=3), plan)
+    assert flags_wide.tolist() == flags_narrow.tolist()
+    np.testing.assert_array_equal(wide[~flags_wide], narrow[~flags_narrow])
+    expected = reference_scores(query, sequences, gaps, 1.0)
+    np.testing.assert_allclose(wide[~flags_wide], expected[~flags_wide], rtol=2e-6, atol=1e-7)
+    assert all(math.exp(e) <= plan["bound"] * 1.001 for e in expected[flags_wide])
+
+
+def test_which_settings_take_the_kernel():
+    S = BLOSUM62.tensor()
+    for taken in [(1.0, LINEAR), (1.0, AFFINE), (2.0, LINEAR), (0.9, LINEAR), (0.8, AFFINE), (3.0, AFFINE),
+                  (1.0, {"gap": -1.0, "gap_open": None, "gap_extend": None})]:
+        assert SoftSearch.plan(S, taken[0], **taken[1]) is not None, taken
+    refused = [
+        (0.0, LINEAR),  # t = 0: the exact kernel's
+        (0.5, LINEAR),  # a strong alignment spreads 8 cells past the floor: every such pair would be flagged
+        (0.5, AFFINE),
+        (1.0, {"gap": -0.5, "gap_open": None, "gap_extend": None}),  # 2G past 0.9: padding could grow
+        (10.0, LINEAR),
+        (5.0, AFFINE),  # O + E past 0.9
+        (1.0, {"gap": 1.0, "gap_open": None, "gap_extend": None}),  # the general path's checks say what is wrong
+        (1.0, {"gap": None, "gap_open": -1.0, "gap_extend": -11.0}),
+        (float("inf"), LINEAR),
+    ]
+    for t, gaps in refused:
+        assert SoftSearch.plan(S, t, **gaps) is None, (t, gaps)
+    assert SoftSearch.plan(S * 4, 1.0, **LINEAR) is None  # P up to 2^63: no room for a step's growth
+    nan = S.clone()
+    nan[0, 0] = float("nan")
+    assert SoftSearch.plan(nan, 1.0, **LINEAR) is None
+    assert SoftSearch.plan(torch.zeros(60, 60), 1.0, **LINEAR) is None  # too many letters for the rings
+    forbidden = S.clone()
+    forbidden[0, 1] = float("-inf")  # P = 0: a pair that cannot align, as the padding
+    assert SoftSearch.plan(forbidden, 1.0, **LINEAR)["powers"][0, 1] == 0.0
+    assert SoftSearch.of(S, 1.0, **LINEAR) is None  # a CPU matrix: the kernel is CUDA's
+
+
+def test_the_settings_keep_a_steps_growth_and_the_floor_in_range():
+    """U: a cell is at most the growth factor times its segment's largest value or input, which must stay
+    under 2^127 from 2^U; for affine gaps X~ and Y~ reach 2^(-o c) above H. F: a flushed term times the
+    largest P stays 2^-26 under 2^-F."""
+    S = BLOSUM62.tensor()
+    c = math.log2(math.e)
+    linear = SoftSearch.plan(S, 1.0, **LINEAR)
+    largest = 2.0 ** (11 * c)
+    g = 2.0 ** (-4 * c)
+    assert (1 + largest + g) / (1 - g) + 1 <= 2.0 ** (127 - linear["upper"] - 1)
+    assert 2.0 ** (-126) * largest <= 2.0 ** (-26 - linear["floor"])
+    assert linear["middle"] == linear["upper"] - SoftSearch.DROP and linear["lower"] == linear["middle"] - SoftSearch.RISE
+    assert linear["bound"] >= 1 / (1 - 2 * g)
+    affine = SoftSearch.plan(S, 1.0, **AFFINE)
+    assert affine["upper"] + math.ceil(11 * c) < linear["upper"] + 1
+    assert affine["gap_factor"] == np.float32(2.0 ** (-11 * c))
+    assert affine["extend_factor"] == np.float32(2.0 ** (-c) - 2.0 ** (-11 * c))
+
+
+def small_database(sequences: list[str]):
+    return database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
+                          "db.fa")
+
+
+class FlaggingKernel:
+    """A search kernel's stand-in on the CPU: the CPU engine's scores, with the pairs `flag` chooses set to
+    -1 and counted, as the CUDA kernels return them."""
+
+    def __init__(self, searcher: Searcher, flag):
+        self.searcher, self.flag = searcher, flag
+
+    def scores(self, query, block):
+        s = self.searcher
+        scores = score_checked_codes(query.expand(block.codes.shape[0], -1), block.codes, s.matrix, s.gap,
+                                     s.temperature, None, block.lengths, s.backend)
+        flagged = self.flag(block)
+        return torch.where(flagged, -1.0, scores), flagged.sum().reshape(1).to(torch.int32)
+
+
+def test_flagged_pairs_are_scored_again_and_only_their_blocks(monkeypatch):
+    """The flagged pairs get the general op's scores, the hits are the search's without a kernel, the
+    blocks' counts are read once per query, and blocks without flagged pairs are not scored again."""
+    rng = random.Random(6)
+    sequences = [random_protein(rng, rng.randint(5, 60)) for _ in range(90)]
+    query = BLOSUM62.encode(sequences[7][5:40], lambda: "query")
+    db = small_database(sequences)
+    load_engine("cpu")
+    plain = Searcher(db, BLOSUM62.tensor(), -4.0, 1.0, 12, "cpu", "cpu", max_cells=600)
+    searcher = Searcher(db, BLOSUM62.tensor(), -4.0, 1.0, 12, "cpu", "cpu", max_cells=600)
+    first_block = len(next(iter(searcher.blocks())).lengths)
+    searcher.kernel = FlaggingKernel(searcher, lambda block: block.lengths % 3 == 0 if len(block.lengths) ==
+                                     first_block else torch.zeros_like(block.lengths, dtype=torch.bool))
+    calls = []
+    original = score_checked_codes
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[1]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr("swcli.search.score_checked_codes", counted)
+    expected = plain.best(query)
+    found = searcher.best(query)
+    flagged = int((next(iter(searcher.blocks())).lengths % 3 == 0).sum())
+    assert searcher.rescored == flagged > 0
+    assert len(calls) == len(searcher.bounds) + 1 and calls[-1] == flagged  # the kernel's, then one block again
+    assert torch.equal(found.targets, expected.targets)
+    torch.testing.assert_close(found.scores, expected.scores)
+
+
+def test_the_codes_check_reads_the_span_scored_alone():
+    """A code past the matrix is refused, but only within the residues a searcher scores (a shard's)."""
+    db = small_database(["MKV", "ACDEF", "WW", "GAV"])
+    codes_with_junk = np.asarray(db.codes).copy()
+    bad = int(db.offsets[1])  # a residue of the second sequence in length order
+    codes_with_junk[bad] = len(BLOSUM62.alphabet)
+    db = database.Database(codes_with_junk, db.offsets, db.index, db.ids, db.alphabet, "db.fa")
+    searcher = Searcher(db, BLOSUM62.tensor(), -4.0, 1.0, 3, "cpu", "cpu")
+    with pytest.raises(SwcliError, match="past the 24-letter matrix"):
+        searcher.check_codes(db, None, 0, db.residues)
+    with pytest.raises(SwcliError, match="past the 24-letter matrix"):
+        searcher.check_codes(db, torch.from_numpy(codes_with_junk), 0, db.residues)
+    searcher.check_codes(db, None, 0, bad)  # the span before it
+    searcher.check_codes(db, None, bad + 1, db.residues)
