@@ -448,6 +448,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
                                 gap_open=settings.gap_open, gap_extend=settings.gap_extend, rank=rank,
                                 rows=shard_bounds(db.offsets, group.size)[group.rank])
             stats.device_bytes, stats.resident = searcher.device_bytes, searcher.resident is not None
+            stats.kernel = searcher.kernel_name
             if group.leader:
                 bar = stack.enter_context(progress(len(records))) if progress else None
                 out = stack.enter_context(TsvWriter(output, header, formatter.columns if formatter else COLUMNS))

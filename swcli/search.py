@@ -73,6 +73,7 @@ class SearchStats:
     residues: int = 0
     host_bytes: int = 0  # the database's arrays and ids on the host (memory-mapped for a prepared folder)
     rescored: int = 0  # pairs a search kernel flagged and the general op scored again (this process's)
+    kernel: str = ""  # what scored the blocks (Searcher.kernel_name)
     device_bytes: int = 0  # the padded blocks kept on the device (0 when streamed)
     resident: bool = False
     started: float = field(default_factory=time.perf_counter)
@@ -400,6 +401,13 @@ class Searcher:
         if self.kernel is not None and hi > lo:
             self.check_codes(database, flat, lo, hi)
 
+    @property
+    def kernel_name(self) -> str:
+        """What scores the blocks, in words (records and benchmarks)."""
+        if self.exact is not None:
+            return "the exact 16-bit kernel"
+        return "the soft search kernel" if self.soft is not None else "the op's sweep from codes"
+
     def check_codes(self, database: Database, flat: torch.Tensor | None, lo: int, hi: int) -> None:
         """The search kernels index their tables by the residues' codes: every code of the residues scored
         [lo, hi) must be a letter of the matrix (a prepared database made for another matrix's alphabet
@@ -600,7 +608,7 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
                         settings.device, max_bytes=max_bytes, gap_open=settings.gap_open,
                         gap_extend=settings.gap_extend, rank=rank)
-    stats.sequences, stats.residues = len(db), db.residues
+    stats.sequences, stats.residues, stats.kernel = len(db), db.residues, searcher.kernel_name
     stats.host_bytes, stats.device_bytes, stats.resident = db.nbytes, searcher.device_bytes, searcher.resident is not None
     pool = scoring_pool(searcher.device, "swcli-search")
     finished = False

@@ -457,6 +457,48 @@ class CudaEngineCalls:
 
 
 # --------------------------------------------------------------------------------------------------
+# Blocks of the search kernels' tests
+
+
+def search_block_lengths(width: int, around: list[int], seed: int, count: int = 40) -> list[int]:
+    """A block's target lengths, longest first: the lengths of `around` up to width, `count` random ones,
+    and the width itself first (a block's width sets a search kernel's tile shape)."""
+    rng = random.Random(seed)
+    lengths = sorted([L for L in around if L <= width] + [rng.randint(0, width) for _ in range(count)], reverse=True)
+    lengths[0] = width
+    return lengths
+
+
+def padded_code_targets(rng: torch.Generator, lengths: list[int], K: int, device, width: int | None = None):
+    """(B, width) random codes below K, junk past each length included, and the (B,) int64 lengths."""
+    width = max(lengths + [1]) if width is None else width
+    codes = torch.randint(0, K, (len(lengths), width), generator=rng, dtype=torch.uint8)
+    return codes.to(device), torch.tensor(lengths, dtype=torch.int64, device=device)
+
+
+def random_search_set(seed: int, matrix=None):
+    """A database of 301 random proteins of 1 to 80 or 200 to 700 residues, and the codes of 5 random
+    queries of 1 to 400: a search across the search kernels' short and long tile shapes."""
+    from swcli import database
+    from swcli.fasta import FastaRecord
+    from swcli.scoring import load_matrix
+
+    matrix = matrix or load_matrix("BLOSUM62")
+    rng = random.Random(seed)
+    sequences = [random_protein(rng, rng.choice([rng.randint(1, 80), rng.randint(200, 700)])) for _ in range(301)]
+    queries = [random_protein(rng, rng.randint(1, 400)) for _ in range(5)]
+    db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], matrix, "db.fa")
+    return db, [matrix.encode(q, lambda: "query") for q in queries]
+
+
+def search_block(targets: torch.Tensor, lengths: torch.Tensor):
+    """A search.Block of padded codes (database order 0 for every row: the kernels do not read it)."""
+    from swcli.search import Block
+
+    return Block(targets, lengths, torch.zeros_like(lengths))
+
+
+# --------------------------------------------------------------------------------------------------
 # The soft search kernel's algorithm in NumPy (kernels/cuda/search_soft.cu)
 
 _FLOAT_TINY = 2.0 ** -126
@@ -492,7 +534,7 @@ def _exponent(x) -> np.ndarray:
     return (np.asarray(x, np.float32).view(np.int32) >> 23).astype(np.int64) - 127
 
 
-def _key(sigma, x) -> np.ndarray:
+def _scaled_key(sigma, x) -> np.ndarray:
     return (np.asarray(sigma, np.int64) << 23) + np.asarray(x, np.float32).view(np.int32).astype(np.int64)
 
 
@@ -523,14 +565,14 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
     sigma = np.zeros((B, segments), np.int64)
     one, diag = np.ones((B, segments), np.float32), np.ones((B, segments), np.float32)
     best = np.zeros((B, segments), np.float32)
-    best_key = np.full(B, _key(0, np.float32(1)), np.int64)
+    best_key = np.full(B, _scaled_key(0, np.float32(1)), np.int64)
     failed = np.zeros(B, bool)
     rescalings = 0
 
     def fold(rows, s):
         nonlocal best_key, failed
         failed |= rows & ~(best[:, s] <= np.finfo(np.float32).max)
-        folded = np.where(rows & (best[:, s] > 0), _key(sigma[:, s], best[:, s]), best_key)
+        folded = np.where(rows & (best[:, s] > 0), _scaled_key(sigma[:, s], best[:, s]), best_key)
         best_key = np.maximum(best_key, folded)
         best[:, s] = np.where(rows, np.float32(0), best[:, s])
 
@@ -588,7 +630,7 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
     exponent = (best_key >> 23) - 127
     mantissa = ((best_key & 0x7FFFFF) | 0x3F800000).astype(np.int32).view(np.float32).astype(np.float64)
     scores = plan["temperature"] * math.log(2) * (exponent + np.log2(mantissa))
-    flagged = (failed | (best_key <= _key(0, np.float32(plan["bound"])))) & (lengths > 0) & (M > 0)
+    flagged = (failed | (best_key <= _scaled_key(0, np.float32(plan["bound"])))) & (lengths > 0) & (M > 0)
     scores = np.where((lengths > 0) & (M > 0), scores, 0.0)
     if counts is not None:
         counts["rescalings"] = counts.get("rescalings", 0) + rescalings

@@ -58,11 +58,11 @@ inline constexpr int kRingRows = 64;                   // two chunks of 32 query
 inline constexpr int kRingSlots = kRingRows + kWarp;   // a letter's slots: the ring above a mirror of 32
 
 // A row of the next tile's left edge: the last column's value and its scale (affine: and X~ in that scale).
-struct EdgeLinear {
+struct alignas(8) EdgeLinear {
   float x;
   int sig;
 };
-struct EdgeAffine {
+struct alignas(16) EdgeAffine {
   float x, xt;
   int sig, unused;
 };
