@@ -538,6 +538,27 @@ def _scaled_key(sigma, x) -> np.ndarray:
     return (np.asarray(sigma, np.int64) << 23) + np.asarray(x, np.float32).view(np.int32).astype(np.int64)
 
 
+def soft_segment_cells(up, yt, diag, left, xt, powers, one, plan: dict):
+    """One row of a segment's 8 cells (B, 8), in the kernel's order of operations: the stored values of
+    the row above (up) and, for affine gaps, Y~ of this row (yt), the diagonal factor of the first column
+    (diag), the input from the left (left; affine: and X~ entering, xt), P of each cell, the 1 (one).
+    Returns the row's values, Y~ of the next row, and X~ leaving the segment."""
+    gf, ef = np.float32(plan["gap_factor"]), np.float32(plan["extend_factor"])
+    cells, below = np.empty_like(up), yt.copy()
+    d = diag
+    for r in range(up.shape[1]):
+        if plan["affine"]:
+            x = _fma(gf, _ftz(xt + yt[:, r]), _fma(d, powers[:, r], one))
+            xt = _fma(ef, xt, x)
+            below[:, r] = _fma(ef, yt[:, r], x)
+        else:
+            x = _fma(left, gf, _fma(up[:, r], gf, _fma(d, powers[:, r], one)))
+            left = x
+        d = up[:, r]
+        cells[:, r] = x
+    return cells, below, xt
+
+
 def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, plan: dict,
                       counts: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The soft search kernel's scores of one query (M,) against padded targets (B, N) with lengths (B,),
@@ -556,10 +577,8 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
     inside = np.arange(segments * seg)[None, :] < lengths[:, None]
     letters[:, :N] = np.where(inside[:, :N], targets, K)
     powers = np.concatenate([plan["powers"], np.zeros((K, 1), np.float32)], 1)
-    affine = plan["affine"]
     upper, lower = _pow2(plan["upper"]), _pow2(plan["lower"])
     middle, floor = plan["middle"], plan["floor"]
-    gf, ef = np.float32(plan["gap_factor"]), np.float32(plan["extend_factor"])
     up = np.ones((B, segments, seg), np.float32)
     yt = np.ones((B, segments, seg), np.float32)
     sigma = np.zeros((B, segments), np.int64)
@@ -600,18 +619,8 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
                 delta = sig_in - sigma[:, s]
                 lv = np.where(over, _times_pow2(x_in, delta), lv)
                 xt = np.where(over, _times_pow2(xt_in, delta), xt)
-            d, left, o = diag[:, s].copy(), lv, one[:, s].copy()
-            for r in range(seg):
-                u = up[:, s, r].copy()
-                if affine:
-                    x = _fma(gf, _ftz(xt + yt[:, s, r]), _fma(d, P[:, s, r], o))
-                    xt = _fma(ef, xt, x)
-                    yt[:, s, r] = _fma(ef, yt[:, s, r], x)
-                else:
-                    x = _fma(left, gf, _fma(u, gf, _fma(d, P[:, s, r], o)))
-                    left = x
-                d = u
-                up[:, s, r] = x
+            up[:, s], yt[:, s], xt = soft_segment_cells(up[:, s], yt[:, s], diag[:, s], lv, xt, P[:, s], one[:, s],
+                                                        plan)
             hi = np.max(up[:, s], 1)
             best[:, s] = np.maximum(best[:, s], hi)
             deep = sigma[:, s] > floor

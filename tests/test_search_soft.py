@@ -250,3 +250,165 @@ def test_the_codes_check_reads_the_span_scored_alone():
         searcher.check_codes(db, torch.from_numpy(codes_with_junk), 0, db.residues)
     searcher.check_codes(db, None, 0, bad)  # the span before it
     searcher.check_codes(db, None, bad + 1, db.residues)
+
+
+# --------------------------------------------------------------------------------------------------
+# The kernel's warp layout, emulated lane by lane
+
+
+def emulate_warps(query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, plan: dict, G: int, R: int):
+    """search_soft_kernel's indexing, step by step for each warp: groups of G lanes staggered so that lane l
+    is on row k - l, the profile's ring (two chunks of 32 rows written every 32 steps, read at slot
+    (k mod 64) + 31 - l, with its mirror), the left neighbour by a shuffle within the group, the edge
+    buffer read a row ahead, tiles of G R columns, groups past the batch. The cells are the model's
+    arithmetic (swcli.testing's helpers); what this checks is where each value comes from."""
+    from swcli.testing import _exponent, _pow2, _scaled_key, _times_pow2, soft_segment_cells
+
+    M, (B, N) = len(query), targets.shape
+    K = plan["powers"].shape[0]
+    S8 = SoftSearch.SEGMENT
+    segs, W, per_warp = R // S8, G * R, 32 // G
+    table = plan["powers"]
+    padded_table = np.concatenate([table, np.zeros((K, 1), np.float32)], 1)
+    upper, lower = _pow2(plan["upper"]), _pow2(plan["lower"])
+    scores, flags = np.zeros(B), np.zeros(B, bool)
+    lanes = np.arange(32)
+    for warp in range(-(-B // per_warp)):
+        group = warp * per_warp + lanes // G
+        b = np.minimum(group, B - 1)
+        g = lanes % G
+        length = lengths[b]
+        tiles = int(((length + W - 1) // W).max())
+        edge_x = np.ones((per_warp * 32, M), np.float32)  # by group in the warp, then row: (x, xt, sigma)
+        edge_xt = np.ones((per_warp * 32, M), np.float32)
+        edge_sig = np.zeros((per_warp * 32, M), np.int64)
+        best_key = np.full(32, _scaled_key(0, np.float32(1)), np.int64)
+        failed = np.zeros(32, bool)
+        ring = np.zeros((K + 1, 96), np.float32)
+        for tile in range(tiles):
+            c0 = tile * W + g * R
+            cols = c0[:, None] + np.arange(R)[None, :]
+            letter = np.where(cols < length[:, None], targets[b[:, None], np.minimum(cols, N - 1)], K)
+            inside = length - c0
+            up = np.ones((32, R), np.float32)
+            yt = np.ones((32, R), np.float32)
+            sig = np.zeros((32, segs), np.int64)
+            one, diag = np.ones((32, segs), np.float32), np.ones((32, segs), np.float32)
+            best, low = np.zeros((32, segs), np.float32), np.zeros((32, segs), np.float32)
+            x_send, xt_send, sig_send = np.ones(32, np.float32), np.ones(32, np.float32), np.zeros(32, np.int64)
+            reads, writes = (tile > 0) & (g == 0), (tile + 1 < tiles) & (g == G - 1)
+            local = lanes // G  # the group's place in the warp (its edge rows)
+
+            def rescale(rows, s, shift):
+                nonlocal best_key, failed
+                failed |= rows & ~(best[:, s] <= np.finfo(np.float32).max)
+                best_key = np.where(rows & (best[:, s] > 0), np.maximum(best_key, _scaled_key(sig[:, s], best[:, s])),
+                                    best_key)
+                best[:, s] = np.where(rows, 0, best[:, s])
+                sig[:, s] = np.where(rows, sig[:, s] + shift, sig[:, s])
+                for arr in (up, yt):
+                    arr[:, s * S8:(s + 1) * S8] = np.where(rows[:, None], _times_pow2(arr[:, s * S8:(s + 1) * S8],
+                                                                                      -shift[:, None]),
+                                                           arr[:, s * S8:(s + 1) * S8])
+                diag[:, s] = np.where(rows, _times_pow2(diag[:, s], -shift), diag[:, s])
+                one[:, s] = np.where(sig[:, s] <= 126, _pow2(-sig[:, s]), 0)
+                low[:, s] = np.where(sig[:, s] > 0, lower, 0)
+
+            for k in range(M + 31):
+                if k % 32 == 0:  # fill_chunk
+                    row = ((k // 32) % 2) * 32 + lanes
+                    for lane in range(32):
+                        j = k + lane
+                        q = query[j] if j < M else 0
+                        ring[:K, row[lane] + 31] = table[q]
+                        if row[lane] > 32:
+                            ring[:K, row[lane] + 31 - 64] = table[q]
+                i = k - lanes
+                # the shuffle up within the group (its first lane keeps its own: the edge or the border replaces it)
+                left = np.where(g > 0, lanes - 1, lanes)
+                x_in, xt_in, sig_in = x_send[left].copy(), xt_send[left].copy(), sig_send[left].copy()
+                valid_row = (i >= 0) & (i < M)
+                first = g == 0
+                from_edge = first & reads & valid_row
+                x_in = np.where(first, 1, x_in).astype(np.float32)
+                xt_in = np.where(first, 1, xt_in).astype(np.float32)
+                sig_in = np.where(first, 0, sig_in)
+                rows = np.clip(i, 0, M - 1)
+                x_in = np.where(from_edge, edge_x[local, rows], x_in)
+                xt_in = np.where(from_edge, edge_xt[local, rows], xt_in)
+                sig_in = np.where(from_edge, edge_sig[local, rows], sig_in)
+                P = ring[letter, (k % 64) + 31 - lanes[:, None]]  # the slot a lane reads, for each of its columns
+                on = valid_row
+                # every lane on a row reads its row's powers for its columns' letters (the padding's: 0)
+                assert np.array_equal(P[on], padded_table[query[i[on]][:, None], letter[on]])
+                x_last, xt_last, sig_last = x_in, xt_in, sig_in
+                for s in range(segs):
+                    delta = sig_last - sig[:, s]
+                    lv, xt = _times_pow2(x_last, delta), _times_pow2(xt_last, delta)
+                    over = on & ~(lv <= upper)
+                    if over.any():
+                        shift = np.where(over, _exponent(x_last) + delta - plan["middle"], 0)
+                        rescale(over, s, shift)
+                        delta = sig_last - sig[:, s]
+                        lv = np.where(over, _times_pow2(x_last, delta), lv)
+                        xt = np.where(over, _times_pow2(xt_last, delta), xt)
+                    part = slice(s * S8, (s + 1) * S8)
+                    cells, below, xt = soft_segment_cells(up[:, part], yt[:, part], diag[:, s], lv, xt, P[:, part],
+                                                          one[:, s], plan)
+                    up[:, part] = np.where(on[:, None], cells, up[:, part])
+                    yt[:, part] = np.where(on[:, None], below, yt[:, part])
+                    hi = np.max(up[:, s * S8:(s + 1) * S8], 1)
+                    best[:, s] = np.where(on, np.maximum(best[:, s], hi), best[:, s])
+                    diag[:, s] = np.where(on, lv, diag[:, s])
+                    x_last, xt_last, sig_last = up[:, s * S8 + S8 - 1].copy(), xt, sig[:, s].copy()
+                x_send = np.where(on, x_last, x_send).astype(np.float32)
+                xt_send = np.where(on, xt_last, xt_send).astype(np.float32)
+                sig_send = np.where(on, sig_last, sig_send)
+                w_rows = on & writes
+                edge_x[local[w_rows], i[w_rows]] = x_send[w_rows]
+                edge_xt[local[w_rows], i[w_rows]] = xt_send[w_rows]
+                edge_sig[local[w_rows], i[w_rows]] = sig_send[w_rows]
+                for s in range(segs):
+                    deep = on & (sig[:, s] > plan["floor"])
+                    cells = up[:, s * S8:(s + 1) * S8]
+                    mask = s * S8 + np.arange(S8)[None, :] < inside[:, None]
+                    lo = np.min(np.where(mask, cells, np.inf), 1)
+                    failed |= deep & ~(lo >= 2.0 ** -plan["floor"])
+                for s in range(segs):
+                    hi = np.max(up[:, s * S8:(s + 1) * S8], 1)
+                    need = on & ((hi > upper) | (hi < low[:, s]))
+                    if need.any():
+                        rescale(need, s, np.where(need, np.maximum(_exponent(hi) - plan["middle"], -sig[:, s]), 0))
+            for s in range(segs):
+                failed |= ~(best[:, s] <= np.finfo(np.float32).max)
+                best_key = np.where(best[:, s] > 0, np.maximum(best_key, _scaled_key(sig[:, s], best[:, s])), best_key)
+        for w in range(per_warp):
+            members = lanes // G == w
+            if warp * per_warp + w >= B:
+                continue
+            key, bad = best_key[members].max(), failed[members].any()
+            n = warp * per_warp + w
+            flags[n] = lengths[n] > 0 and (bad or key <= _scaled_key(0, np.float32(plan["bound"])))
+            mantissa = np.int32((int(key) & 0x7FFFFF) | 0x3F800000).view(np.float32)
+            scores[n] = (plan["temperature"] * math.log(2) * ((int(key) >> 23) - 127 + math.log2(float(mantissa)))
+                         if lengths[n] > 0 else 0.0)
+    return scores, flags
+
+
+@pytest.mark.parametrize("G, R", [(8, 8), (8, 16), (16, 8), (32, 8)])
+@pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+def test_the_warp_layout_computes_the_models_scores(G, R, gaps):
+    """Several tiles, groups past the batch, query rows across three chunks of the ring, lengths 0 and 1:
+    the emulated warps give the model's scores and flags, bit for bit; with the settings that rescale
+    often and flag (a floor of 2^0) too."""
+    rng = random.Random(G * 100 + R)
+    query, relative = related_protein_pairs(G + R, 1, 70, 70)[0]
+    sequences = [relative, "", "W", query, query[5:60]] + [random_protein(rng, rng.randint(1, 150)) for _ in range(4)]
+    block, lengths = padded(sequences, junk=2)
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
+    for settings in (plan, dict(plan, upper=30, middle=20, lower=4, floor=0)):
+        expected, expected_flags = soft_search_model(codes(query), block, lengths, settings)
+        scores, flags = emulate_warps(codes(query), block, lengths, settings, G, R)
+        assert flags.tolist() == expected_flags.tolist()
+        np.testing.assert_array_equal(scores[~flags], expected[~flags])
+    assert expected_flags.any() and not expected_flags[1]  # the strict settings flag the strong pairs
