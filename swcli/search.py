@@ -271,7 +271,8 @@ class SoftSearch:
         if K > cls.LETTERS or np.isnan(S).any() or (S == np.inf).any():
             return None
         c = math.log2(math.e) / temperature
-        powers = np.exp2(S * c).astype(np.float32)
+        with np.errstate(over="ignore"):  # past the float range: refused just below
+            powers = np.exp2(S * c).astype(np.float32)
         largest = float(powers.max())
         if not math.isfinite(largest) or largest <= 0:
             return None
