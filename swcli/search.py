@@ -44,6 +44,7 @@ class Block:
     lengths: torch.Tensor  # (n,) int64
     tiebreak: torch.Tensor  # (owned rows,) int64: LOW - database order of each row, the low half of its key
     owned: slice | None = None  # a shard's rows of the block (the others have length 0); None: every row
+    host_lengths: np.ndarray | None = None  # the lengths on the host, where known (SoftSearch cuts runs by them)
 
     @property
     def nbytes(self) -> int:
@@ -185,7 +186,7 @@ def make_block(database: Database, start: int, stop: int, device, flat: torch.Te
     # row-major, the cells inside the lengths are the block's residues in order: one masked scatter
     codes = torch.zeros((stop - start, width), dtype=torch.uint8, device=residues.device)
     rows = slice(first - start, last - start) if owned is not None else None
-    return Block(codes.masked_scatter_(inside, residues), block_lengths, tiebreak, rows)
+    return Block(codes.masked_scatter_(inside, residues), block_lengths, tiebreak, rows, np.asarray(lengths))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -248,6 +249,10 @@ class SoftSearch:
     allows (SPREAD below: their pairs would all be flagged and scored again)."""
 
     SEGMENT = 8  # columns a scale (the kernel's kSegment)
+    # The kernel's single-tile widths (G R of kLinearShapes and kAffineShapes in search_soft.cu): a block's
+    # rows are scored in runs whose lengths fall between two of them (or past the last), each run with the
+    # shape that fits it, since a target pays its last tile whole.
+    WIDTHS = {False: (64, 128, 192, 256, 384, 512, 768, 1024), True: (64, 128, 192, 384, 768)}
     DROP, RISE = 24, 40  # a segment rescaled lands at 2^(U - DROP), and is rescaled up below 2^(U - DROP - RISE)
     MIN_UPPER, MIN_FLOOR = 48, 24
     LETTERS = 55  # the most letters whose profile rings fit 96 KB of shared memory a block
@@ -316,10 +321,43 @@ class SoftSearch:
         powers = torch.from_numpy(plan.pop("powers")).to(matrix.device)
         return cls(powers, plan)
 
+    @classmethod
+    def runs(cls, lengths: np.ndarray, affine: bool) -> list[tuple[int, int, int]]:
+        """A block's rows as (start, stop, longest) runs whose lengths fall in one class of WIDTHS (past
+        the last, one class). The rows are longest first, but a shard's block has rows of length 0 before
+        and after its own: such a row joins the run it sits in."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(lengths) == 0:
+            return []
+        classes = np.searchsorted(np.asarray(cls.WIDTHS[affine]), lengths).astype(np.float64)
+        classes[lengths == 0] = np.nan
+        known = np.flatnonzero(lengths > 0)
+        if len(known) == 0:
+            return [(0, len(lengths), 0)]
+        # a row of length 0 takes the class of the row before it (the first rows: of the first that has one)
+        filled = np.where(np.isnan(classes), classes[known[np.maximum(np.searchsorted(known, np.arange(len(lengths)),
+                                                                                      side="right") - 1, 0)]], classes)
+        cuts = np.flatnonzero(np.diff(filled)) + 1
+        bounds = [0, *cuts.tolist(), len(lengths)]
+        return [(a, b, int(lengths[a:b].max())) for a, b in zip(bounds, bounds[1:])]
+
     def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued."""
+        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued: the
+        block's rows in runs of one tile shape each where its lengths are known on the host (`runs`),
+        else in one call (its width sets the shape). A pair's score is the same either way."""
+        if block.host_lengths is None:
+            return self._call(query, block.codes, block.lengths, 0)
+        parts = [self._call(query, block.codes[a:b], block.lengths[a:b], width) if width > 0 else
+                 (torch.zeros(b - a, dtype=torch.float32, device=block.codes.device),
+                  torch.zeros(1, dtype=torch.int32, device=block.codes.device))
+                 for a, b, width in self.runs(block.host_lengths, self.settings["affine"])]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([p[0] for p in parts]), torch.stack([p[1] for p in parts]).sum(0, dtype=torch.int32)
+
+    def _call(self, query: torch.Tensor, codes: torch.Tensor, lengths: torch.Tensor, width: int):
         s = self.settings
-        return torch.ops.swcli.search_scores_soft(query, block.codes, block.lengths, self.powers, s["affine"],
+        return torch.ops.swcli.search_scores_soft(query, codes, lengths, self.powers, width, s["affine"],
                                                   s["gap_factor"], s["extend_factor"], s["temperature"], s["upper"],
                                                   s["middle"], s["lower"], s["floor"], s["bound"])
 

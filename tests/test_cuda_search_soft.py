@@ -121,6 +121,25 @@ class TestCudaSearchSoft:
         for other in results[1:]:
             assert torch.equal(other, results[0])
 
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_a_blocks_runs_give_the_same_bits(self, gaps):
+        """A block of targets from 2,500 residues down to 1, made by the search (its lengths known on the
+        host: scored in runs of one tile shape each), and the same block in one call."""
+        load_engine("cuda")
+        rng = random.Random(50_150)
+        sequences = [random_protein(rng, n) for n in [2500, 1100, 1000, 800, 600, 500, 400, 300, 200, 150, 100, 70,
+                                                       64, 30, 1]]
+        db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
+                            "db.fa")
+        block = make_block(db, 0, len(db), self.device)
+        soft = SoftSearch.of(BLOSUM62.tensor(device=self.device), 1.0, **gaps)
+        assert len(soft.runs(block.host_lengths, gaps["gap"] is None)) > 4
+        query = torch.tensor(list(BLOSUM62.encode(sequences[5][:300], lambda: "q")), dtype=torch.uint8,
+                             device=self.device)
+        in_runs, flagged = soft.scores(query, block)
+        whole, _ = soft.scores(query, search_block(block.codes, block.lengths))
+        assert torch.equal(in_runs, whole) and int(flagged.item()) == 0
+
     def test_an_odd_batch_and_junk_past_the_lengths(self):
         load_engine("cuda")
         rng = torch.Generator().manual_seed(50_200)

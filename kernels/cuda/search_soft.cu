@@ -342,8 +342,10 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
 
 // The tile shapes (lanes per group, columns per lane), as the exact kernel's: a step's shuffles, its
 // conversion and its loop cost as much as a few columns, so lanes hold many, and narrower groups take
-// shorter targets. A block takes the narrowest single tile that holds its widest target; past 1024
-// columns, tiles of a warp, the shape that pads the fewest columns (ties: the most columns a lane).
+// shorter targets. A call takes the narrowest single tile that holds its width (its widest target);
+// past 1024 columns, tiles of a warp, the shape that pads the fewest columns (ties: the most columns a
+// lane). A target pads its last tile, so the search scores a block's rows in runs of lengths that one
+// shape fits (search.soft_runs).
 struct TileShape {
   int G, R;
 };
@@ -413,9 +415,9 @@ int64_t edge_bytes(int64_t B, int64_t M, int64_t N) {
 }  // namespace
 }  // namespace swcli_cuda
 
-int64_t sw_cuda_search_soft_edge_bytes(int64_t B, int64_t M, int64_t N, bool affine) {
+int64_t sw_cuda_search_soft_edge_bytes(int64_t B, int64_t M, int64_t width, bool affine) {
   using namespace swcli_cuda;
-  return affine ? edge_bytes<true>(B, M, N) : edge_bytes<false>(B, M, N);
+  return affine ? edge_bytes<true>(B, M, width) : edge_bytes<false>(B, M, width);
 }
 
 int64_t sw_cuda_search_soft_shared_bytes(int K) { return int64_t(swcli_cuda::shared_bytes(K)); }
@@ -423,6 +425,6 @@ int64_t sw_cuda_search_soft_shared_bytes(int K) { return int64_t(swcli_cuda::sha
 cudaError_t sw_cuda_search_soft(const SearchSoftCall& call, cudaStream_t stream) {
   using namespace swcli_cuda;
   if (call.B == 0) return cudaSuccess;
-  return call.affine ? soft_shape<true>(tile_shape_for<true>(call.N), call, stream)
-                     : soft_shape<false>(tile_shape_for<false>(call.N), call, stream);
+  return call.affine ? soft_shape<true>(tile_shape_for<true>(call.width), call, stream)
+                     : soft_shape<false>(tile_shape_for<false>(call.width), call, stream);
 }
