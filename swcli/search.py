@@ -62,8 +62,8 @@ class Hits:
 class SearchStats:
     """What a search did, for the progress bar and benchmarks. cells: qlen x tlen summed over every
     (query, database sequence) pair, the work whatever the padding. kernel_seconds: the scoring calls
-    alone (on CUDA the sum of CUDA-event intervals around them, read once per query; on the CPU the
-    host clock around them). seconds: the whole run, queries read to output written."""
+    alone, a search kernel's flagged pairs scored again included (on CUDA the sum of CUDA-event intervals
+    around them, read once per query; on the CPU the host clock around them). seconds: the whole run, queries read to output written."""
 
     queries: int = 0  # done so far
     total: int = 0  # queries read
@@ -478,11 +478,7 @@ class Searcher:
             pending.table = _to(torch.from_numpy(self.ranking.table(len(codes))), self.device)
         for index, block in enumerate(self.blocks()):
             rows = block.codes.shape[0]
-            if self.on_gpu:
-                started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                started.record()
-            else:
-                began = time.perf_counter()
+            timing = self.timing()
             if self.kernel is not None:
                 scored, flagged = self.kernel.scores(query, block)
                 pending.flagged.append((block, scored, flagged))
@@ -490,11 +486,7 @@ class Searcher:
             else:
                 scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
                                              self.temperature, None, block.lengths, self.backend, **self.affine)
-            if self.on_gpu:
-                finished.record()
-                pending.events.append((started, finished))
-            else:
-                pending.seconds += time.perf_counter() - began
+            timing(pending)
             candidates.append(self.candidates(pending, index, block, scores))
         self.choose(pending, candidates)
         pending.query = query
@@ -527,6 +519,7 @@ class Searcher:
         counts = torch.cat([count for _, _, count in pending.flagged]).tolist()  # one read for all blocks
         if not any(counts):
             return
+        timing = self.timing()  # the scoring calls' time includes this rescoring
         candidates = []
         for index, ((block, scored, _), count) in enumerate(zip(pending.flagged, counts)):  # one entry per block
             scores = scored.float()
@@ -537,7 +530,25 @@ class Searcher:
                     None, block.lengths[wide], self.backend, **self.affine)
                 self.rescored += len(wide)
             candidates.append(self.candidates(pending, index, block, scores))
+        timing(pending)
         self.choose(pending, candidates)
+
+    def timing(self):
+        """Starts timing scoring calls; the returned function ends it and adds the interval to a pending
+        query's: a pair of CUDA events (read once the query's work is done), or the host clock's seconds."""
+        if self.on_gpu:
+            started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            started.record()
+
+            def end(pending: Pending) -> None:
+                finished.record()
+                pending.events.append((started, finished))
+        else:
+            began = time.perf_counter()
+
+            def end(pending: Pending) -> None:
+                pending.seconds += time.perf_counter() - began
+        return end
 
     def finish(self, pending: Pending) -> tuple[Hits, float]:
         """A launched query's hits on the host, and the seconds of its scoring calls: the one wait for
