@@ -1,7 +1,7 @@
 """The cost of a distributed search's exchange per query, alone: the all-gather of each rank's best keys
 and their merge (distributed.Group.send_keys and merged_keys), as `swcli search` does it per query.
 
-    torchrun --standalone --nproc-per-node N benchmarks/distributed_exchange.py [--top 10] [--count 1000]
+    torchrun --standalone --nproc-per-node N benchmarks/distributed_exchange.py [--top 10] [--count 1000] [--warm-up 100]
              [--device cpu|cuda]
 
 Rank 0 prints the median over 5 rounds of --count exchanges (after 100 for warm-up), in microseconds.
@@ -27,6 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--warm-up", type=int, default=100)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
     group = distributed.start()
@@ -36,9 +37,9 @@ def main() -> None:
     keys = torch.arange(args.top, dtype=torch.int64, device=device)
 
     def exchange() -> None:
-        group.merged_keys(group.send_keys(keys, None, args.top, device), None, args.top)
+        group.merged_keys(group.send_keys(keys, None, None, args.top, False, device), None, args.top, False)
 
-    for _ in range(100):
+    for _ in range(args.warm_up):
         exchange()
     rounds = []
     for _ in range(5):

@@ -23,6 +23,10 @@ tools/h200.sh runs them in its profile (under ncu), steps and host stages.
   gradient: swcli bench's dense rows (forward, forward + backward, the forward that keeps H, the
            backward) with 10 calls each, and a checksum of the gradient: one line, to compare kernel
            variants.
+  learnable: forward + .sum().backward() of 8192 x 256 x 256 float32 at t = 1, the gradient of S alone
+           against S's with the gaps' and the temperature's (0-d tensors that require grad), linear gap -1
+           and affine -12/-1, interleaved call by call (medians of 20 CUDA-event intervals); then the two
+           backward operators alone on one forward's state (backward, backward_parameters): a table.
 """
 
 import sys
@@ -178,6 +182,58 @@ def rows(N: str = "256", lengths: str = "") -> None:
           f"{(table_forward + table_backward) / alone:.2f}x")
 
 
+def learnable() -> None:
+    from swcli.bench import cuda_seconds_interleaved
+    from swcli.ops import affine_gradient_by_rows, gradient_by_rows
+
+    load_engine("cuda")
+    op = torch.ops.swcli
+    torch.manual_seed(0)
+    B, M, N, t = 8192, 256, 256, 1.0
+    X = torch.randn(B, M, N, device="cuda").requires_grad_()
+    ones = torch.ones(B, device="cuda")
+    print(f"forward + backward, {B} x {M} x {N} float32, t = {t:g}: the gradient of S alone, and with the gaps' "
+          "and the temperature's (0-d tensors); medians of 20 CUDA-event intervals, interleaved")
+    print(f"{'gaps':<14} {'S alone':>9} {'S, gaps, t':>11} {'ratio':>6}   {'backward kernels: plain':>23} "
+          f"{'with sums':>9} {'ratio':>6}  by rows; S's gradient")
+    for label, gaps in (("linear -1", {"gap": -1.0}), ("affine -12/-1", {"gap_open": -12.0, "gap_extend": -1.0})):
+        parameters = {name: torch.tensor(value, device="cuda", requires_grad=True) for name, value in gaps.items()}
+        temperature = torch.tensor(t, device="cuda", requires_grad=True)
+
+        def s_alone():
+            X.grad = None
+            swcli.soft_smith_waterman(X, temperature=t, **gaps).sum().backward()
+
+        def with_parameters():
+            X.grad = temperature.grad = None
+            for parameter in parameters.values():
+                parameter.grad = None
+            swcli.soft_smith_waterman(X, temperature=temperature, **parameters).sum().backward()
+
+        plain, learned = cuda_seconds_interleaved([s_alone, with_parameters], 20)
+        s_alone()
+        alone = X.grad.clone()
+        with_parameters()
+        same = "the same" if torch.equal(alone, X.grad) else "DIFFERENT"
+        del alone
+        # the two backward operators alone, on the state of one forward
+        S = X.detach()
+        if len(gaps) == 1:
+            by_rows = gradient_by_rows(S, False, gaps["gap"], t)
+            _, state, best, failed = op.forward(S, None, None, gaps["gap"], t, by_rows)
+            args = (ones, S, state, best, failed, None, None, gaps["gap"], t, by_rows)
+            kernels = [lambda a=args: op.backward(*a), lambda a=args: op.backward_parameters(*a)]
+        else:
+            by_rows = affine_gradient_by_rows(S, False, gaps["gap_open"], t)
+            _, state, best, failed = op.affine_forward(S, None, None, gaps["gap_open"], gaps["gap_extend"], t, by_rows)
+            args = (ones, S, state, best, failed, None, None, gaps["gap_open"], gaps["gap_extend"], t, by_rows)
+            kernels = [lambda a=args: op.affine_backward(*a), lambda a=args: op.affine_backward_parameters(*a)]
+        backward, with_sums = cuda_seconds_interleaved(kernels, 20)
+        rows = f"yes, {failed.item()} pairs failed" if by_rows else "no"
+        print(f"{label:<14} {plain * 1e3:>6.3f} ms {learned * 1e3:>8.3f} ms {learned / plain:>5.2f}x   "
+              f"{backward * 1e3:>20.3f} ms {with_sums * 1e3:>6.3f} ms {with_sums / backward:>5.2f}x  {rows}; {same}")
+
+
 if __name__ == "__main__":
     {"kernels": kernels, "train": train, "latency": latency, "steps": steps, "host": host,
-     "gradient": gradient, "forward": forward, "rows": rows}[sys.argv[1]](*sys.argv[2:])
+     "gradient": gradient, "forward": forward, "rows": rows, "learnable": learnable}[sys.argv[1]](*sys.argv[2:])

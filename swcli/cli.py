@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from typing import Optional
 
-from swcli import interrupt
+from swcli import interrupt, launch
 
 INTERRUPTED = interrupt.STATUS  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
 
@@ -23,6 +24,27 @@ def _error_types(typer):
     """click's exception classes as typer exposes them (typer vendors click in recent versions)."""
     by_name = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
     return by_name["UsageError"], by_name["ClickException"]
+
+
+def _distributed():
+    """swcli.distributed where a command loaded it (it imports torch), else None."""
+    return sys.modules.get("swcli.distributed")
+
+
+def _command(app, argv: list[str]):
+    """The command's exit code; a distributed run's rank then marks the command's end, and reports to
+    the others an error that its exchanges did not carry (distributed.finish)."""
+    try:
+        code = app(args=argv, prog_name="swcli", standalone_mode=False)
+    except BaseException as exc:
+        distributed = _distributed()
+        instead = exc if distributed is None else distributed.finish(exc)
+        if instead is exc:
+            raise
+        raise instead from exc
+    if _distributed() is not None:
+        _distributed().finish(None)
+    return code
 
 
 def _run(argv: list[str]) -> int:
@@ -37,13 +59,13 @@ def _run(argv: list[str]) -> int:
     try:
         from swcli._build import BuildError
 
-        code = app(args=argv, prog_name="swcli", standalone_mode=False)
+        code = _command(app, argv)
         if code == INTERRUPTED:  # typer turns KeyboardInterrupt into a silent exit code 130
             print("swcli: interrupted", file=sys.stderr)
         return code if isinstance(code, int) else 0
     except usage_error as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-        if os.environ.get("RANK", "0") == "0":  # torchrun's ranks share one command line: rank 0 says it
+        if not launch.silent_rank():  # torchrun's ranks share one command line: rank 0 says it
             print(f"swcli: usage error: {exc.format_message()}{hint}", file=sys.stderr)
         return 2
     except click_error as exc:
@@ -58,23 +80,36 @@ def _run(argv: list[str]) -> int:
         return getattr(exc, "exit_code", 1)
 
 
+def _left_broken() -> bool:
+    distributed = _distributed()
+    return distributed is not None and distributed.left_broken()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI; returns the exit code (the console script passes it to sys.exit).
 
     argv None means this is the process (the console script, `python -m swcli`): the signal handler
     then stays in place to the end, and where a scoring thread is still inside an engine call (an error
-    cut its chunk short) the process leaves through os._exit rather than wait for the call. With argv
-    (the tests, in-process) the previous handlers are put back and the code is returned.
+    cut its chunk short), or a distributed run's group broke (its threads may wait for a peer that is
+    gone), the process leaves through os._exit rather than wait. With argv (the tests, in-process) the
+    previous handlers are put back and the code is returned.
     """
     process = argv is None
     previous = interrupt.install()
     try:
         code = _run(sys.argv[1:] if process else list(argv))
+    except BaseException:
+        if not (process and _left_broken()):
+            raise
+        traceback.print_exc()  # what the interpreter prints of an error no one expected, before os._exit
+        code = 1
     finally:
         if not process:
             interrupt.restore(previous)
     pipeline = sys.modules.get("swcli.pipeline")
-    if process and pipeline is not None and pipeline.scoring_in_progress():
+    if process and (_left_broken() or pipeline is not None and pipeline.scoring_in_progress()):
+        if _distributed() is not None:
+            _distributed().leave()  # what atexit would do, but for the group's threads
         with interrupt.protected():
             for stream in (sys.stdout, sys.stderr):
                 try:

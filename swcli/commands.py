@@ -114,6 +114,20 @@ BetaOpt = Annotated[Optional[float], typer.Option(
     "--beta", show_default=False, help="The length correction's beta, with --alpha.")]
 
 
+class Distributed(str, Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+DistributedOpt = Annotated[Distributed, typer.Option(
+    "--distributed", help="Under torchrun (torchrun --nproc-per-node N -m swcli ...): share the run among its "
+                          "processes. auto: where torchrun's RANK, WORLD_SIZE and LOCAL_RANK were set for this "
+                          "process, not inherited from its parent (a command that a torchrun worker starts runs "
+                          "as one process, and says so); on: wherever they are set (a launcher that wraps the "
+                          "command in a script); off: always one process.")]
+
+
 class Rank(str, Enum):
     score = "score"
     evalue = "evalue"
@@ -323,6 +337,7 @@ def align(
     k: KOpt = None,
     alpha: AlphaOpt = None,
     beta: BetaOpt = None,
+    distributed_: DistributedOpt = Distributed.auto,
 ):
     """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order), or the
     --format-output columns."""
@@ -331,7 +346,7 @@ def align(
     from swcli.pipeline import Stats
 
     columns = _columns(format_output, lambda_, k, alpha, beta)
-    group = distributed.start((queries, targets))  # None unless started by torchrun
+    group = distributed.start((queries, targets), distributed_.value, quiet)  # None unless started by torchrun
     quiet = quiet or not distributed.is_leader(group)
     with distributed.phase(group):
         settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend,
@@ -435,6 +450,7 @@ def search(
                        "The E-value weighs the target's length: a shorter target can have the smaller E-value "
                        "at a lower score. evalue needs lambda and K (estimated once per setting, or --lambda "
                        "and --k).")] = Rank.score,
+    distributed_: DistributedOpt = Distributed.auto,
 ):
     """Search every query against every database sequence; write the best --top hits of each query as TSV:
     query, target, qlen, tlen, score (queries in input order, hits by descending score, or by ascending
@@ -446,7 +462,7 @@ def search(
 
     check_inputs(queries, database)
     columns = _columns(format_output, lambda_, k, alpha, beta, rank)
-    group = distributed.start((queries, database))  # None unless started by torchrun
+    group = distributed.start((queries, database), distributed_.value, quiet)  # None unless started by torchrun
     quiet = quiet or not distributed.is_leader(group)
     with distributed.phase(group):
         settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)

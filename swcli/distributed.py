@@ -2,7 +2,8 @@
 
 torchrun starts one process per rank and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
 Without them there is no process group and every command runs as one process, as it always did. With
-them (WORLD_SIZE 1 included):
+them (WORLD_SIZE 1 included), set for this process rather than inherited from its parent (launch.py;
+--distributed on|off decides instead):
 
 - The process group has NCCL for CUDA tensors, each rank on cuda:LOCAL_RANK, and gloo for host tensors
   (gloo alone where torch has no CUDA). A search's candidates travel on its engine's device; statuses,
@@ -24,20 +25,30 @@ Failures. Every rank makes the same collectives in the same order, and each coll
 per rank: a rank that raises carries on through the collectives with a failed status instead of its
 data, so every rank learns of the failure at the same collective and stops there. Rank 0 then reports
 the first failing rank's error (its message and exit code); the others exit with that code in silence.
-Rank 0's output goes through output.TsvWriter, so no output file appears and an existing one is kept. A
-rank that dies (killed, out of memory) breaks the gloo connections of the others, or is seen by torchrun,
-which stops the ranks of its host; beyond that every wait has a deadline (SWCLI_DISTRIBUTED_TIMEOUT
-seconds, default 1800). Waits are polled, so a signal (Ctrl-C, torchrun's SIGTERM) ends a rank at once.
+Rank 0's output goes through output.TsvWriter, so no output file appears and an existing one is kept; it
+is put in place in a phase after the last exchange, so that a failing rename is every rank's error.
+What the collectives cannot carry goes through the run's store (monitor.py): an exception that leaves a
+rank's exchanges (finish(), at each command's end) is reported there and the others raise it at their
+next wait; a rank that stops beating for SWCLI_DISTRIBUTED_SILENCE seconds (default 15), or whose
+connection closes, is named. Every wait has a deadline (SWCLI_DISTRIBUTED_TIMEOUT seconds, default 1800)
+and is polled, so a signal (Ctrl-C, torchrun's SIGTERM) ends a rank at once.
 
-SWCLI_FAIL_AT=RANK:POINT[:exit] makes rank RANK fail at POINT (setup, query:K or chunk:K, counted from
-0): it raises an error there, or with :exit dies at once. It exists for the tests of these paths.
+SWCLI_FAIL_AT=RANK:POINT[:HOW][,...] makes rank RANK fail at POINT: setup, read, query:K, merge:K (the
+exchange of query or round K), write:K (rank 0 writing query or round K), write (rank 0 putting the
+output in place), chunk:K, report (the exchange of failure reports), broadcast (of lambda and K); K
+counts from 0. HOW: an error (the default), crash (an exception no stage catches), hang (the process
+freezes, its heartbeat too), exit (it dies at once), device (a device-side assert breaks its CUDA
+context). It exists for the tests of these paths.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import pickle
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack, closing, contextmanager
@@ -49,13 +60,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from swcli import interrupt
+from swcli import interrupt, launch
 from swcli.errors import SwcliError
+from swcli.monitor import DEFAULT_SILENCE, BEAT_SECONDS, Monitor, StoreLost
 
 SPIN_SECONDS = 200e-6  # how long a wait polls without sleeping, then in sleeps of growing length up to 5 ms
 DEFAULT_TIMEOUT = 1800.0  # seconds a rank waits for the others at one collective (the engine's first build included)
+IDENTIFY_SECONDS = 4 * BEAT_SECONDS  # after a closed connection: how long to watch which ranks still beat
 ENGINES = ("cpu", "cuda", "reference")
-ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+ENVIRONMENT = launch.VARIABLES
 
 
 class RankFailed(SwcliError):
@@ -67,28 +80,28 @@ class RankFailed(SwcliError):
 
 
 class LostContact(SwcliError):
-    """The other ranks stopped answering: this rank cannot learn what happened, so it says so itself."""
+    """Other ranks stopped answering: the rank that names them says so (rank 0, or the first live one);
+    one that cannot tell which they are says so itself."""
+
+    def __init__(self, message: str, shown: bool = True):
+        super().__init__(message)
+        self.shown = shown
 
 
 def environment() -> tuple[int, int, int] | None:
-    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them, or None where it did not start this process."""
-    if not all(name in os.environ for name in ENVIRONMENT):
-        return None
-    try:
-        return tuple(int(os.environ[name]) for name in ENVIRONMENT)
-    except ValueError:
-        raise SwcliError(f"{', '.join(ENVIRONMENT)} must be integers, got "
-                         f"{', '.join(os.environ[name] for name in ENVIRONMENT)}") from None
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as set in the environment, or None where they are not."""
+    found = launch.find()
+    return None if found is None else (found.rank, found.size, found.local_rank)
 
 
-def _timeout() -> float:
-    text = os.environ.get("SWCLI_DISTRIBUTED_TIMEOUT", "")
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "")
     try:
-        value = float(text) if text else DEFAULT_TIMEOUT
+        value = float(text) if text else default
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise SwcliError(f"SWCLI_DISTRIBUTED_TIMEOUT={text}: give the seconds to wait, a number > 0")
+        raise SwcliError(f"{name}={text}: give the seconds to wait, a number > 0")
     return value
 
 
@@ -98,7 +111,10 @@ class Group:
     size: int
     local_rank: int
     timeout: float
-    lost: bool = False  # a collective broke: the group is not destroyed at exit (that could wait)
+    monitor: Monitor | None = None
+    lost: bool = False  # a collective broke or was left: the process ends without waiting for the group
+    active: bool = False  # a command runs in the group (start() to finish())
+    settled: bool = False  # the command's failure is known to every rank (raised by a collective)
 
     @property
     def leader(self) -> bool:
@@ -107,8 +123,8 @@ class Group:
     # ---------------------------------------------------------------------------------- waiting
 
     def wait(self, work) -> None:
-        """Wait for an asynchronous collective in short sleeps, so that a signal is handled at once,
-        and at most `timeout` seconds."""
+        """Wait for an asynchronous collective in short sleeps, so that a signal is handled at once, until
+        the monitor says that a rank stopped or sent a failure, and at most `timeout` seconds."""
         started = time.monotonic()
         deadline, spin = started + self.timeout, started + SPIN_SECONDS
         pause = 20e-6
@@ -117,8 +133,11 @@ class Group:
             if now < spin:  # a collective among waiting ranks ends within tens of microseconds
                 time.sleep(0)
                 continue
+            news = self.monitor.news() if self.monitor is not None else None
+            if news is not None:
+                raise self._outside(news)
             if now > deadline:
-                self.lost = True
+                self.lost = self.settled = True
                 raise LostContact(f"rank {self.rank}: the other processes did not answer within {self.timeout:g} s "
                                   "(SWCLI_DISTRIBUTED_TIMEOUT); one of them may have stopped")
             time.sleep(pause)
@@ -126,11 +145,102 @@ class Group:
         try:
             work.wait()
         except RuntimeError as exc:  # gloo: a peer's connection closed, when its process ended
-            self.lost = True
-            # gloo's first sentence, without its source location: "Connection closed by peer [ADDRESS]:PORT"
-            why = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip()).split(". ")[0] or type(exc).__name__
-            raise LostContact(f"rank {self.rank}: lost contact with another process of the run, which may have "
-                              f"stopped ({why})") from None
+            raise self._closed(exc) from None
+
+    def _outside(self, news: str) -> SwcliError:
+        """The error that the monitor's news (monitor.Monitor.news) makes of a wait."""
+        self.lost = self.settled = True
+        try:
+            if news == "report":
+                return self._reported(self.monitor.reports())
+            if news == "silent":
+                return self._stopped(self.monitor.silent, f"no sign of life from its process for "
+                                     f"{self.monitor.silence:g} s, SWCLI_DISTRIBUTED_SILENCE: it may have died or hung")
+            raise StoreLost(self.monitor.lost_store)
+        except StoreLost as exc:
+            return self._store_lost(str(exc))
+
+    def _closed(self, exc: RuntimeError) -> SwcliError:
+        """A collective that failed: a peer's process ended. The monitor tells which rank, or what it
+        reported before it ended, within a few heartbeats."""
+        self.lost = self.settled = True
+        # gloo's first sentence, without its source location: "Connection closed by peer [ADDRESS]:PORT"
+        why = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip()).split(". ")[0] or type(exc).__name__
+        if self.monitor is not None:
+            try:
+                reports, stopped = self.monitor.stopped_during(IDENTIFY_SECONDS, interrupt.check)
+            except StoreLost as lost:
+                return self._store_lost(str(lost))
+            if reports:
+                return self._reported(reports)
+            if stopped:
+                return self._stopped(stopped, "its connection closed, and its process shows no sign of life: it "
+                                     "may have died or been killed")
+        return LostContact(f"rank {self.rank}: lost contact with another process of the run, which may have "
+                           f"stopped ({why})")
+
+    def _reported(self, reports: dict) -> RankFailed:
+        """The failure of the first rank that sent one through the store, as Group.fail raises it."""
+        first = min(reports)
+        code, message = reports[first]
+        text = message if first == 0 else f"rank {first}: {message}"
+        return RankFailed(text or "", code, shown=self.leader and message is not None)
+
+    def _stopped(self, ranks: list[int], why: str) -> LostContact:
+        """Ranks that stopped: said by the first rank that did not."""
+        live = [rank for rank in range(self.size) if rank not in ranks]
+        if self.monitor is not None:
+            self.monitor.gone.update(ranks)
+        names = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        return LostContact(f"{names} stopped answering ({why})", shown=bool(live) and self.rank == live[0])
+
+    def _store_lost(self, why: str) -> LostContact:
+        """The run's store does not answer: torchrun's agent holds it, or else rank 0's process."""
+        if launch.agent_store() or self.rank == 0:
+            return LostContact(f"rank {self.rank}: lost the run's store at {os.environ.get('MASTER_ADDR')}:"
+                               f"{os.environ.get('MASTER_PORT')} ({why})")
+        return self._stopped([0], f"the run's store, which its process holds, does not answer: it may have died or "
+                                  "been killed")
+
+    def hang(self) -> None:
+        """SWCLI_FAIL_AT's hang: this process stops as a frozen one does, its heartbeat with it (a signal
+        still ends it)."""
+        if self.monitor is not None:
+            self.monitor.stop()
+        while True:
+            time.sleep(1)
+
+    def abandon(self, failure: BaseException) -> None:
+        """This rank leaves the exchanges on an error that they did not carry (Group.finish): its report
+        goes through the store, and it waits until the others have ended the command (they stop at their
+        next wait) or stopped, so that rank 0 has said the error before this rank's end makes torchrun stop
+        the others."""
+        self.lost = True
+        if self.monitor is None:
+            return
+        try:
+            self.monitor.report(*_report(failure))
+            self.monitor.done()
+        except StoreLost:
+            return  # nobody can be told: the others stop on the silence of this rank
+        self.monitor.wait_for_the_others(self.timeout, interrupt.check)
+
+    def finish(self, failure: BaseException | None) -> BaseException | None:
+        """The end of a command on this rank, with the exception that ends it: one that the exchanges did
+        not carry is reported to the others (abandon); else the rank marks the command done. Returns what
+        to raise: on a rank other than 0, an expected error that rank 0 says is raised silent."""
+        self.active = False
+        if failure is None or self.settled:
+            if self.monitor is not None:
+                try:
+                    self.monitor.done()
+                except StoreLost:
+                    pass
+            return failure
+        self.abandon(failure)
+        if self.leader or not _expected(failure):
+            return failure
+        return RankFailed(str(failure), _report(failure)[0], shown=False)
 
     # ---------------------------------------------------------------------------------- failures
 
@@ -146,10 +256,12 @@ class Group:
         first one raised: on rank 0 as its error (its own exception where it is the one), elsewhere as a
         silent RankFailed of the same exit code (or as the rank's own exception where it is not one of the
         expected errors, so that its traceback is seen)."""
-        reports = [None] * self.size
-        dist.all_gather_object(reports, None if failure is None else _report(failure))
+        inject(self, "report")
+        mine = b"" if failure is None else json.dumps(_report(failure)).encode()
+        reports = [json.loads(report) if report else None for report in self.all_gather_bytes(mine)]
         first = next(rank for rank, report in enumerate(reports) if report is not None)
         code, message = reports[first]
+        self.settled = True
         if failure is not None and first == self.rank and (self.leader or not _expected(failure)):
             raise failure
         text = message if first == 0 else f"rank {first}: {message}"
@@ -163,16 +275,42 @@ class Group:
         self.wait(dist.all_gather(everyone, mine, async_op=True))
         for rank, theirs in enumerate(everyone):
             if not torch.equal(theirs, everyone[0]):
+                self.settled = True
                 raise RankFailed(f"the processes disagree on {what}: rank 0 has {everyone[0].tolist()}, rank {rank} "
                                  f"{theirs.tolist()}", 1, shown=self.leader)
 
     def broadcast(self, value):
-        """Rank 0's value (a picklable object), on every rank."""
-        box = [value]
-        dist.broadcast_object_list(box, src=0, device=torch.device("cpu"))
-        return box[0]
+        """Rank 0's value (a picklable object), on every rank; a polled wait, as every exchange's."""
+        inject(self, "broadcast")
+        data = pickle.dumps(value) if self.leader else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        self.wait(dist.broadcast(size, src=0, async_op=True))
+        box = _bytes_tensor(data, int(size))
+        self.wait(dist.broadcast(box, src=0, async_op=True))
+        return pickle.loads(box.numpy().tobytes())
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's `data`, in rank order: the sizes, then the bytes padded to the longest, in polled
+        waits (torch's all_gather_object waits unpolled, for the process group's whole timeout)."""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [torch.empty_like(size) for _ in range(self.size)]
+        self.wait(dist.all_gather(sizes, size, async_op=True))
+        lengths = [int(one) for one in sizes]
+        mine = _bytes_tensor(data, max(max(lengths), 1))
+        everyone = [torch.empty_like(mine) for _ in range(self.size)]
+        self.wait(dist.all_gather(everyone, mine, async_op=True))
+        return [theirs[:length].numpy().tobytes() for theirs, length in zip(everyone, lengths)]
 
     # ---------------------------------------------------------------------------------- search
+
+    def connect(self, device) -> None:
+        """One exchange on the search's device before its first: NCCL makes its communicator and its
+        connections in a group's first exchange on a device, in a call that waits for every rank without
+        polling. Made here, just after every rank said it is ready, a rank that fails later cannot leave
+        the others inside that call."""
+        probe = torch.zeros(1, dtype=torch.int64, device=device)
+        everyone = [torch.empty_like(probe) for _ in range(self.size)]
+        self.wait(dist.all_gather(everyone, probe, async_op=True))
 
     def send_keys(self, keys: torch.Tensor | None, ranks: torch.Tensor | None, failure: BaseException | None,
                   top: int, ranked: bool, device):
@@ -209,15 +347,20 @@ class Group:
         totals = tuple(table[:, 2:].sum(dim=0).tolist())
         # A gather of equal sizes (gloo's point-to-point works cannot be polled): each rank's rows padded
         # to the longest.
-        width = max(max(sizes), 1)
-        mine = torch.zeros(width, dtype=torch.uint8)
-        if rows:
-            mine[:len(rows)] = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
+        mine = _bytes_tensor(rows or b"", max(max(sizes), 1))
         everyone = [torch.empty_like(mine) for _ in range(self.size)] if self.leader else None
         self.wait(dist.gather(mine, everyone, dst=0, async_op=True))
         if not self.leader:
             return [], totals
         return [everyone[rank][:size].numpy().tobytes() for rank, size in enumerate(sizes) if size > 0], totals
+
+
+def _bytes_tensor(data: bytes, width: int) -> torch.Tensor:
+    """`data` in a uint8 tensor of `width` (>= its length) bytes, zero-padded."""
+    box = torch.zeros(width, dtype=torch.uint8)
+    if data:
+        box[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return box
 
 
 def _click_error() -> type:
@@ -243,7 +386,8 @@ def _report(failure: BaseException) -> tuple[int, str | None]:
         return failure.exit_code, str(failure) if failure.shown else None
     if isinstance(failure, (SwcliError, BuildError)):
         return 1, str(failure)
-    return 1, f"{type(failure).__name__}: {failure}"
+    lines = str(failure).strip().splitlines()  # torch's CUDA errors add lines of advice: its traceback has them
+    return 1, f"{type(failure).__name__}: {lines[0] if lines else ''}"
 
 
 def _expected(failure: BaseException) -> bool:
@@ -261,16 +405,29 @@ def _expected(failure: BaseException) -> bool:
 _group: Group | None = None
 
 
-def start(inputs: Iterable[str | None] = ()) -> Group | None:
-    """The process group of torchrun's ranks (None without torchrun: one process, no group), joined once
-    per process and left at its exit; inputs: the command's input paths, which may not be stdin."""
+def start(inputs: Iterable[str | None] = (), mode: str = "auto", quiet: bool = False) -> Group | None:
+    """The process group of torchrun's ranks, joined once per process and left at its exit, or None: one
+    process. mode is --distributed: auto joins where torchrun's variables were set for this process
+    (launch.py; inherited ones are said on stderr unless quiet), on wherever they are set, off never.
+    inputs: the command's input paths, which may not be stdin."""
     global _group
-    found = environment()
+    if mode == "off":
+        return None
+    found = launch.find()
     if found is None:
+        if mode == "on":
+            raise SwcliError(f"--distributed on: {', '.join(ENVIRONMENT)} are not set: start the command with "
+                             "torchrun (torchrun --nproc-per-node N -m swcli ...)")
+        return None
+    if found.inherited and mode != "on":
+        if not quiet:
+            print(f"swcli: running as one process: {found.describe()} (--distributed on joins their process "
+                  "group)", file=sys.stderr, flush=True)
         return None
     if _group is None:
-        rank, size, local_rank = found
-        timeout = _timeout()
+        rank, size, local_rank = found.rank, found.size, found.local_rank
+        timeout = _seconds("SWCLI_DISTRIBUTED_TIMEOUT", DEFAULT_TIMEOUT)
+        silence = _seconds("SWCLI_DISTRIBUTED_SILENCE", DEFAULT_SILENCE)
         cuda = torch.cuda.is_available() and dist.is_nccl_available()
         if cuda and local_rank < torch.cuda.device_count():
             torch.cuda.set_device(local_rank)  # before anything touches a GPU: this rank's own
@@ -280,18 +437,52 @@ def start(inputs: Iterable[str | None] = ()) -> Group | None:
             raise SwcliError(f"rank {rank}: cannot join the other processes (torch.distributed: "
                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         _group = Group(rank, size, local_rank, timeout)
-        atexit.register(_leave)
+        atexit.register(leave)
         if rank != 0:
             interrupt.set_message_shown(False)
+        try:
+            # The process group's own store (a private name of torch's, public since 1.x): its keys are
+            # this run's, and torchrun's restarts each have a new one.
+            _group.monitor = Monitor(dist.distributed_c10d._get_default_store(), rank, size, silence)
+        except Exception as exc:
+            _group.lost = True
+            raise SwcliError(f"rank {rank}: cannot reach the run's store (torch.distributed: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    if _group.lost:
+        raise SwcliError(f"rank {_group.rank}: the process group broke in an earlier command of this process")
+    _group.monitor.begin()
+    _group.active, _group.settled = True, False
     with phase(_group):
         if "-" in inputs:
             raise SwcliError("with several processes (torchrun) every rank reads the inputs: give files, not stdin ('-')")
     return _group
 
 
-def _leave() -> None:
-    if _group is not None and not _group.lost and dist.is_initialized():
+def leave() -> None:
+    """The end of the process (at exit, or before cli.py's os._exit): the heartbeat stops, rank 0 waits
+    for the others' where its process holds the store, and the group is destroyed unless it broke."""
+    global _group
+    group, _group = _group, None
+    if group is None:
+        return
+    if group.monitor is not None:
+        group.monitor.leave(group.leader and not launch.agent_store(), IDENTIFY_SECONDS)
+    if not group.lost and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def finish(failure: BaseException | None) -> BaseException | None:
+    """The end of a command (cli.py), with the exception that ends it, if any: Group.finish where the
+    command ran in a group; returns what to raise instead of it."""
+    if _group is None or not _group.active:
+        return failure
+    return _group.finish(failure)
+
+
+def left_broken() -> bool:
+    """Whether this process's group broke (a rank stopped, or this one left the exchanges): the process
+    then ends without waiting for the group's threads, which may wait for a peer that is gone."""
+    return _group is not None and _group.lost
 
 
 def is_leader(group: Group | None) -> bool:
@@ -355,19 +546,56 @@ def writer(group: Group | None, path: str | None, header: bool, columns: tuple[s
         with phase(group):
             out = stack.enter_context(TsvWriter(path, header, columns)) if group.leader else None
         yield out
+        put_in_place(group, stack)
+
+
+def put_in_place(group: Group, output: ExitStack) -> None:
+    """Close `output` (rank 0's TsvWriter: the output renamed or copied into place), once every rank has
+    said it is done, in a phase: an error there (a full disk, a folder made read-only) is every rank's, and
+    the existing file is kept."""
+    with phase(group):
+        if group.leader:
+            inject(group, "write")
+        output.close()
+
+
+class InjectedCrash(BaseException):
+    """SWCLI_FAIL_AT's crash: an exception that no stage catches (not an Exception), as one raised where a
+    rank cannot take part in its next exchange (a broken CUDA context makes the next NCCL exchange raise)."""
 
 
 def inject(group: Group | None, point: str) -> None:
-    """The test hook SWCLI_FAIL_AT=RANK:POINT[:exit] (see the module's docstring)."""
+    """The test hook SWCLI_FAIL_AT=RANK:POINT[:HOW][,...] (see the module's docstring)."""
     spec = os.environ.get("SWCLI_FAIL_AT")
     if not spec or group is None:
         return
-    rank, _, where = spec.partition(":")
-    hard = where.endswith(":exit")
-    if rank == str(group.rank) and where.removesuffix(":exit") == point:
-        if hard:
+    for item in spec.split(","):
+        rank, _, where = item.partition(":")
+        how = "error"
+        for kind in ("exit", "crash", "hang", "device"):
+            if where.endswith(":" + kind):
+                where, how = where[:-len(kind) - 1], kind
+        if rank != str(group.rank) or where != point:
+            continue
+        if how == "exit":
             os._exit(3)
+        if how == "hang":
+            group.hang()
+        if how == "crash":
+            raise InjectedCrash(f"crash injected at {point} (SWCLI_FAIL_AT)")
+        if how == "device":
+            _break_the_device()
         raise SwcliError(f"failure injected at {point} (SWCLI_FAIL_AT)")
+
+
+def _break_the_device() -> None:
+    """SWCLI_FAIL_AT's device: a device-side assert on this rank's GPU, which breaks its CUDA context for
+    good (every later CUDA call raises, the NCCL exchanges included)."""
+    if not torch.cuda.is_available():
+        raise SwcliError("SWCLI_FAIL_AT's device needs a CUDA device")
+    outside = torch.tensor([1], device="cuda")
+    torch.zeros(1, device="cuda")[outside]  # an index out of bounds: the kernel's assert
+    torch.cuda.synchronize()  # raises: CUDA error: device-side assert triggered
 
 
 # --------------------------------------------------------------------------------------------------
@@ -436,6 +664,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
     stats, finished = SearchStats(), False
     with ExitStack() as stack:
         with phase(group):
+            inject(group, "read")
             check_inputs(queries, database)
             records, codes, db = read_inputs(queries, database, settings)
         group.same("the queries and the database (count, residues)",
@@ -454,6 +683,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
                 out = stack.enter_context(TsvWriter(output, header, formatter.columns if formatter else COLUMNS))
                 rows_of = HitRows(db, formatter)
                 stack.callback(lambda: rows_of.close(finished))  # the details' worker: waited for once done
+        group.connect(searcher.device)
 
         def write(rows: list) -> None:
             for one in rows:
@@ -465,6 +695,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
             stats.kernel_seconds += seconds
             stats.rescored = searcher.rescored
             if group.leader:
+                inject(group, f"write:{k}")
                 write(rows_of.put(records[k], codes[k], found))
                 if bar is not None:
                     bar.update(1)
@@ -472,6 +703,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
 
         search_shard(group, searcher, codes, consume, lambda: write(rows_of.drain()) if group.leader else None)
         finished = True
+        put_in_place(group, stack)
     stats.seconds = stats.elapsed
     return stats
 
@@ -511,6 +743,7 @@ def search_shard(group: Group, searcher, query_codes: list[bytes], consume, drai
                     except Exception as exc:
                         failure = exc
                 ranked = searcher.ranking is not None
+                inject(group, f"merge:{k - 1}")
                 sent = group.send_keys(keys, previous.ranks if keys is not None else None, failure, searcher.top,
                                        ranked, searcher.device)
                 merged, ranks = group.merged_keys(sent, failure, searcher.top, ranked)  # raises if a rank failed
@@ -560,12 +793,14 @@ def align_rows(group: Group | None, chunks: Iterable, settings, rows_of, out, st
                         pairs, cells = len(chunk), int(np.dot(chunk.query_lengths, chunk.target_lengths))
                 except Exception as exc:
                     failure = exc
+            inject(group, f"merge:{round_}")
             gathered = group.gather_rows(rows, failure, pairs, cells)  # raises on every rank if one failed
             if gathered is None:
                 return
             parts, (round_pairs, round_cells) = gathered
             if group.leader and failure is None:
                 try:
+                    inject(group, f"write:{round_}")
                     for part in parts:
                         out.write_bytes(part)
                     stats.pairs += round_pairs

@@ -15,22 +15,30 @@ The operators (one schema each, CPU kernels in kernels/cpu, CUDA kernels in kern
   sweep handed to log space (tests and tools);
 * forward: the scores and what the backward needs (a flat state, the best cell, a count of pairs that
   left the scaled range); autograd is registered on it, with backward as its gradient;
+* backward_parameters: backward, and per pair (a (2, B) tensor) the incoming gradient times d score / d gap
+  and <S, grad_S>, which the gradients of the gap and the temperature take (_gradients_from_sums);
 * empty_launch: an empty CUDA kernel behind a (B,) allocation, the launch-overhead yardstick of bench;
 * affine_scores, affine_scores_codes, affine_forward, affine_backward: the same roles with affine gaps
   (soft Gotoh: an open score for a gap's first position, an extension score for each further one; the
   recurrence is in swcli/reference.py). affine_forward returns the scores, the state its backward reads
   and the engine's record of each pair's best cell; autograd is registered on it, with affine_backward
-  as its gradient.
+  as its gradient; affine_backward_parameters is backward_parameters' twin, its sums (3, B) those of
+  gap_open, gap_extend and <S, grad_S>.
 * scores_per_pair, posterior_per_pair, affine_scores_per_pair, affine_posterior_per_pair: the gaps and
   the temperature as (B,) tensors, one value per pair, for model builders who learn them. The posterior
   operators return the scores, d score[b] / d S[b] (the soft alignment, S's shape) and d score[b] / d gap
   for each gap score (B,): the expected number of gap positions (linear), of gap openings and of
   extensions (affine). Their autograd scales these by the incoming gradient and takes d score / d t
-  from them (see _per_pair_gradients). CPU kernels only so far: a CUDA tensor raises.
+  from them (see _per_pair_gradients). The CPU engine's kernels are in kernels/cpu; the CUDA engine's
+  are here (_scores_per_pair_by_groups, _posterior_per_pair_by_groups): its operators with numbers, run
+  once per group of pairs with equal values. In eager mode soft_smith_waterman takes neither for a
+  gradient: it runs forward and, at backward time, backward_parameters (_ParametersWithGradient).
 
 Each has a fake kernel, so torch.compile, torch.export and meta tensors see one op with known shapes.
 The keyword-only arguments are the engines' knobs for tests and tools: lane_columns (CUDA: columns per
-lane, 0 = chosen by batch size) and scaled (allow the scaled-space sweep).
+lane, 0 = chosen by batch size; the dense linear operators also take LANE_COLUMNS_TILES, -1: each pair's DP in
+tiles swept by many warps, which 0 chooses for long pairs in small batches, kernels/cuda/long_pairs.cu) and
+scaled (allow the scaled-space sweep).
 
 Gaps: `gap` is a linear gap score, added for every gap position. `gap_open` with `gap_extend` make the
 gaps affine: gap_open is the score of a gap's first position, gap_extend of each further one, so a gap of
@@ -44,6 +52,7 @@ from __future__ import annotations
 import math
 from numbers import Real
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -66,6 +75,9 @@ SCHEMAS = {
     "backward": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor failed, Tensor? query_lengths, "
                 "Tensor? target_lengths, float gap, float temperature, bool by_rows, *, int lane_columns=0) "
                 "-> Tensor",
+    "backward_parameters": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor failed, "
+                           "Tensor? query_lengths, Tensor? target_lengths, float gap, float temperature, bool by_rows, "
+                           "*, int lane_columns=0) -> (Tensor, Tensor)",
     "empty_launch": "(Tensor S) -> Tensor",
 }
 
@@ -81,6 +93,9 @@ SCHEMAS.update({
     "affine_backward": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor failed, "
                        "Tensor? query_lengths, Tensor? target_lengths, float gap_open, float gap_extend, "
                        "float temperature, bool by_rows, *, int lane_columns=0) -> Tensor",
+    "affine_backward_parameters": "(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor failed, "
+                                  "Tensor? query_lengths, Tensor? target_lengths, float gap_open, float gap_extend, "
+                                  "float temperature, bool by_rows, *, int lane_columns=0) -> (Tensor, Tensor)",
 })
 
 _PER_PAIR = "(Tensor S, Tensor? query_lengths, Tensor? target_lengths, Tensor gap, Tensor temperature)"
@@ -102,6 +117,11 @@ SCHEMAS["search_scores_soft"] = ("(Tensor query, Tensor target, Tensor target_le
                                  "bool affine, float gap_factor, float extend_factor, float temperature, int upper, "
                                  "int middle, int lower, int floor, float bound) -> (Tensor, Tensor)")
 
+# lane_columns of the CUDA engine's dense linear operators (scores, forward, backward) that asks for tiles of
+# long pairs at any size (tests, tools); 0 takes them for long pairs in small batches (kernels/cuda/ops.cpp,
+# tiles_take; docs/design.md section 4).
+LANE_COLUMNS_TILES = -1
+
 _LIBRARY = torch.library.Library("swcli", "DEF")
 for _name, _schema in SCHEMAS.items():
     _LIBRARY.define(_name + _schema)
@@ -111,10 +131,12 @@ _scores = torch.ops.swcli.scores.default
 _scores_codes = torch.ops.swcli.scores_codes.default
 _forward = torch.ops.swcli.forward.default
 _backward = torch.ops.swcli.backward.default
+_backward_parameters = torch.ops.swcli.backward_parameters.default
 _affine_scores = torch.ops.swcli.affine_scores.default
 _affine_scores_codes = torch.ops.swcli.affine_scores_codes.default
 _affine_forward = torch.ops.swcli.affine_forward.default
 _affine_backward = torch.ops.swcli.affine_backward.default
+_affine_backward_parameters = torch.ops.swcli.affine_backward_parameters.default
 _scores_per_pair = torch.ops.swcli.scores_per_pair.default
 _posterior_per_pair = torch.ops.swcli.posterior_per_pair.default
 _affine_scores_per_pair = torch.ops.swcli.affine_scores_per_pair.default
@@ -207,6 +229,12 @@ def _forward_fake(S, query_lengths, target_lengths, gap, temperature, by_rows, *
 def _backward_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap, temperature, by_rows,
                    *, lane_columns=0):
     return S.new_empty(S.shape)
+
+
+@torch.library.register_fake("swcli::backward_parameters")
+def _backward_parameters_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap, temperature,
+                              by_rows, *, lane_columns=0):
+    return S.new_empty(S.shape), S.new_empty(2, S.shape[0])
 
 
 @torch.library.register_fake("swcli::empty_launch")
@@ -336,6 +364,12 @@ def _affine_backward_fake(grad_scores, S, state, best, failed, query_lengths, ta
     return S.new_empty(S.shape)
 
 
+@torch.library.register_fake("swcli::affine_backward_parameters")
+def _affine_backward_parameters_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap_open,
+                                     gap_extend, temperature, by_rows, *, lane_columns=0):
+    return S.new_empty(S.shape), S.new_empty(3, S.shape[0])
+
+
 @torch.library.register_fake("swcli::search_scores_s16")
 def _search_scores_s16_fake(query, target, target_lengths, table, gap_open, gap_extend, limit):
     return target.new_empty(target.shape[0], dtype=torch.int32), target.new_empty(1, dtype=torch.int32)
@@ -432,35 +466,45 @@ TEMPERATURE_GRADIENT_AT_ZERO = (
     "keep the temperature > 0 where it requires grad (SoftSmithWaterman(learnable=True) holds log(t))")
 
 
-def _per_pair_gradients(grad_scores, S, temperature, gaps, scores, posterior, counts, needs):
-    """The gradients of sum(grad_scores * scores) by S, the temperature and each gap (None where `needs`
-    says no), from what the posterior operator returned:
+def _gradients_from_sums(grad_scores, scores, values, flows, inner, needs):
+    """The gradients of sum(grad_scores * scores) by each gap and by the temperature (values: the gaps, then
+    the temperature, (B,) each; None where `needs`, a flag a value, says no), from per-pair sums that carry
+    grad_scores already: flows[k] = grad_scores d score / d gap_k (what flowed along the gap edges) and
+    inner = <S, grad_S>. The temperature's comes from Euler's identity: the score is homogeneous of degree
+    1, score(cS, c gaps, c t) = c score(S, gaps, t) for c > 0, so its derivative in c at c = 1 is the score
+    itself, and at t > 0
 
-        d score / d S = posterior,   d score / d gap = its expected count,
-        t d score / d t = score - <S, posterior> - sum over the gaps of gap * count   (t > 0)
+        t d score / d t = score - <S, d score / d S> - sum over the gaps of gap * d score / d gap.
 
-    the last because the score is homogeneous of degree 1: score(cS, c gaps, c t) = c score(S, gaps, t)
-    for c > 0, so its derivative in c at c = 1 (Euler's identity) is the score itself. A pair whose
-    incoming gradient is 0 gets 0, whatever its posterior (a NaN in S included), as in the backward kernels."""
-    need_S, need_t, need_gaps = needs
+    A pair whose incoming gradient is 0 gets 0 (its sums are 0), whatever its score (a NaN in S included)."""
+    *gaps, temperature = values
+    *need_gaps, need_t = needs
+    grad_gaps = [flow if need else None for flow, need in zip(flows, need_gaps)]
+    if not need_t:
+        return grad_gaps, None
+    euler = grad_scores * scores - inner
+    for gap, flow in zip(gaps, flows):
+        euler = euler - gap * flow
+    return grad_gaps, torch.where(grad_scores == 0, 0, euler / temperature)
+
+
+def _per_pair_gradients(grad_scores, S, values, scores, posterior, counts, needs):
+    """(grad_S, grad_t, grad_gaps) of sum(grad_scores * scores) by S and by the values (the gaps, then the
+    temperature; None where `needs`, S's flag then one a value, says no), from what a posterior operator
+    returned: d score / d S = posterior, d score / d gap = its count. The sums of _gradients_from_sums are
+    taken here, on (B, M, N) tensors: the price of a posterior computed in the forward."""
+    need_S, *need_values = needs
     g = grad_scores
     zero = g == 0
-    grad_S = grad_t = None
-    grad_gaps = [None] * len(gaps)
-    if need_S:
-        grad_S = torch.where(zero[:, None, None], 0, g[:, None, None] * posterior)
-    for k, count in enumerate(counts):
-        if need_gaps[k]:
-            grad_gaps[k] = torch.where(zero, 0, g * count)
-    if need_t:
-        torch._assert_async((temperature > 0).all(), TEMPERATURE_GRADIENT_AT_ZERO)
+    grad_S = torch.where(zero[:, None, None], 0, g[:, None, None] * posterior) if need_S else None
+    flows = [torch.where(zero, 0, g * count) for count in counts]
+    inner = None
+    if need_values[-1]:
+        torch._assert_async((values[-1] > 0).all(), TEMPERATURE_GRADIENT_AT_ZERO)
         # <S, posterior> over the cells the alignment can use: S outside the lengths (or -inf where the
         # posterior is 0) must not turn 0 into NaN.
-        inner = torch.where(posterior == 0, 0, S * posterior).sum(dim=(1, 2))
-        euler = scores - inner
-        for gap, count in zip(gaps, counts):
-            euler = euler - gap * count
-        grad_t = torch.where(zero, 0, g * euler / temperature)
+        inner = torch.where(zero, 0, g * torch.where(posterior == 0, 0, S * posterior).sum(dim=(1, 2)))
+    grad_gaps, grad_t = _gradients_from_sums(g, scores, values, flows, inner, need_values)
     return grad_S, grad_t, grad_gaps
 
 
@@ -477,10 +521,9 @@ def _posterior_backward(ctx, grad_scores, *_grad_rest):
     S, temperature, scores, posterior, *rest = ctx.saved_tensors
     gaps, counts = rest[:ctx.gap_count], rest[ctx.gap_count:]
     needs = ctx.needs_input_grad
-    need_gaps = needs[3:3 + ctx.gap_count]
     with torch.no_grad():
-        grad_S, grad_t, grad_gaps = _per_pair_gradients(grad_scores, S, temperature, gaps, scores, posterior, counts,
-                                                        (needs[0], needs[-1], need_gaps))
+        grad_S, grad_t, grad_gaps = _per_pair_gradients(grad_scores, S, (*gaps, temperature), scores, posterior,
+                                                        counts, (needs[0], *needs[3:]))
     grad_S, grad_t, *grad_gaps = _once_differentiable((S, temperature, *gaps, grad_scores), grad_S, grad_t,
                                                       *grad_gaps)
     return grad_S, None, None, *grad_gaps, grad_t
@@ -541,6 +584,188 @@ class _PosteriorWithGradient(torch.autograd.Function):
     def vmap(info, in_dims, *args):
         flat = _flatten_vmapped(info, in_dims, args)
         return _unflatten_vmapped(info, _PosteriorWithGradient.apply(*flat))
+
+
+# The engines' sweeps hold one gap and one temperature a launch (a register splat across lanes that align
+# different pairs), so per-pair values run in groups of pairs with equal values: one group, on the tensors
+# as given, for one value a batch (a number or a 0-d tensor); a gathered copy of its pairs for each group
+# where the values differ.
+
+
+def _groups(host: torch.Tensor, device) -> list:
+    """The pairs grouped by their values (host: (B, k) float64, on the CPU): [(index, key)], index the
+    group's pairs in batch order on `device`, or None where one group holds the batch; key its values."""
+    values = host.numpy()
+    if (values == values[0]).all():
+        return [(None, tuple(values[0].tolist()))]
+    keys, inverse = torch.unique(host, dim=0, return_inverse=True)
+    indices = torch.split(torch.argsort(inverse, stable=True), torch.bincount(inverse, minlength=len(keys)).tolist())
+    return [(index.to(device), tuple(key)) for key, index in zip(keys.tolist(), indices)]
+
+
+def _select_pairs(index, *tensors):
+    """The pairs `index` of each tensor (None stays None)."""
+    return tuple(None if x is None else x.index_select(0, index) for x in tensors)
+
+
+def _by_groups(S, qlen, tlen, groups, run):
+    """run(S, qlen, tlen, key) -> tensors whose first dimension is the pair, for each group (_groups), put
+    back in batch order. One group runs on the tensors as given."""
+    if groups[0][0] is None:
+        return run(S, qlen, tlen, groups[0][1])
+    outputs = None
+    for index, key in groups:
+        part = run(*_select_pairs(index, S, qlen, tlen), key)
+        if outputs is None:
+            outputs = [x.new_zeros((S.shape[0], *x.shape[1:])) for x in part]
+        for out, x in zip(outputs, part):
+            out.index_copy_(0, index, x)
+    return outputs
+
+
+def _forward_keeping_state(S, qlen, tlen, key):
+    """(scores, state, best, failed, by_rows): the engine's forward that keeps what its backward reads, with
+    the values of `key`, (gap, temperature) or (gap_open, gap_extend, temperature), by rows where faster."""
+    *gaps, temperature = key
+    lengths = qlen is not None or tlen is not None
+    if len(gaps) == 1:
+        by_rows = gradient_by_rows(S, lengths, gaps[0], temperature)
+        return (*_forward(S, qlen, tlen, gaps[0], temperature, by_rows), by_rows)
+    by_rows = affine_gradient_by_rows(S, lengths, gaps[0], temperature)
+    return (*_affine_forward(S, qlen, tlen, *gaps, temperature, by_rows), by_rows)
+
+
+def _backward_with_sums(grad_scores, S, qlen, tlen, key, state, best, failed, by_rows):
+    """(grad_S, sums) of the engine's backward from _forward_keeping_state's state: sums (k, B) holds
+    grad_scores d score / d each gap and, last, <S, grad_S> (backward_parameters)."""
+    op = _backward_parameters if len(key) == 2 else _affine_backward_parameters
+    return op(grad_scores, S, state, best, failed, qlen, tlen, *key, by_rows)
+
+
+class _ParametersWithGradient(torch.autograd.Function):
+    """The scores with the gaps and the temperature as (B,) tensors, differentiable in S, the gaps and the
+    temperature, as soft_smith_waterman runs them in eager mode: the engine's forward that keeps its state,
+    for each group of pairs with equal values, and at backward time the engine's backward with the incoming
+    gradient, which also sums per pair what the gradients of the gaps and the temperature take
+    (backward_parameters, _gradients_from_sums). As the gradient of S alone, with a few (B,) operations
+    more: no pass over a (B, M, N) tensor outside the kernels."""
+
+    @staticmethod
+    def forward(ctx, S, query_lengths, target_lengths, groups, *values):
+        parts, scores = [], None
+        with torch._C._AutoDispatchBelowAutograd():
+            for index, key in groups:
+                selected = None if index is None else _select_pairs(index, S, query_lengths, target_lengths)
+                part_scores, *state = _forward_keeping_state(*(selected or (S, query_lengths, target_lengths)), key)
+                parts.append((index, key, state, selected))
+                if index is None:
+                    scores = part_scores
+                else:
+                    scores = S.new_zeros(S.shape[0]) if scores is None else scores
+                    scores.index_copy_(0, index, part_scores)
+        ctx.save_for_backward(S, query_lengths, target_lengths, scores, *values)
+        ctx.parts = parts
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        S, query_lengths, target_lengths, scores, *values = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad_S = sums = None
+        with torch.no_grad():
+            for index, key, state, selected in ctx.parts:
+                g = grad_scores if index is None else grad_scores.index_select(0, index)
+                part_grad, part_sums = _backward_with_sums(g, *(selected or (S, query_lengths, target_lengths)), key,
+                                                           *state)
+                if index is None:
+                    grad_S, sums = part_grad, part_sums
+                    continue
+                if sums is None:
+                    grad_S, sums = S.new_zeros(S.shape), S.new_zeros(len(values), S.shape[0])
+                grad_S.index_copy_(0, index, part_grad)
+                sums.index_copy_(1, index, part_sums)
+            grad_gaps, grad_t = _gradients_from_sums(grad_scores, scores, values, sums[:-1], sums[-1], needs[4:])
+        grad_S, grad_t, *grad_gaps = _once_differentiable((S, *values, grad_scores), grad_S if needs[0] else None,
+                                                          grad_t, *grad_gaps)
+        return grad_S, None, None, None, *grad_gaps, grad_t
+
+
+# The per-pair operators' kernels by groups, on the engines' operators with numbers: the CUDA engine's
+# (registered below). They read the values to the host, one copy, as the engine needs them to launch.
+
+_VALUE_NAMES = {2: ("gap", "temperature"), 3: ("gap_open", "gap_extend", "temperature")}
+CAPTURED_VALUES = (
+    "tensor gaps or temperature on CUDA are read to the host to launch the engine (a launch holds one gap and one "
+    "temperature), which a CUDA graph being captured does not allow: give Python numbers there")
+
+
+def _engine_groups(S: torch.Tensor, values) -> list:
+    """The groups (_groups) of the values an operator was given, checked as the CPU engine checks them
+    (kernels/cpu/ops.cpp: per_pair_values, affine_keys), naming the first pair that breaks a rule: the
+    operators can be called past soft_smith_waterman's checks."""
+    B, names = S.shape[0], _VALUE_NAMES[len(values)]
+    for name, value in zip(names, values):
+        if not (value.is_floating_point() and tuple(value.shape) == (B,) and value.device == S.device):
+            raise RuntimeError(f"{name} must be a floating-point tensor of shape ({B},) on the scores' device, one "
+                               "per pair")
+    if not B:  # nothing to read; any valid values
+        return [(None, (-1.0,) * (len(values) - 1) + (1.0,))]
+    if S.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(CAPTURED_VALUES)
+    host = torch.stack([value.detach().to(torch.float64) for value in values], 1).cpu()
+    for column, name in zip(host.unbind(1), names):
+        nonnegative, nonpositive = name == "temperature", name in ("gap_open", "gap_extend")
+        broken = ~torch.isfinite(column)
+        if nonnegative or nonpositive:
+            broken |= column < 0 if nonnegative else column > 0
+        if broken.any():
+            b = int(broken.nonzero()[0])
+            raise RuntimeError(f"{name}[{b}] must be a finite number{' >= 0' if nonnegative else ''}"
+                               f"{' <= 0' if nonpositive else ''}, got {column[b].item():g}")
+    if len(names) == 3 and (host[:, 0] > host[:, 1]).any():
+        b = int((host[:, 0] > host[:, 1]).nonzero()[0])
+        raise RuntimeError(f"gap_open[{b}] must be <= gap_extend[{b}], got {host[b, 0].item():g} > "
+                           f"{host[b, 1].item():g}")
+    return _groups(host, S.device)
+
+
+def _scores_of_groups(S, query_lengths, target_lengths, groups):
+    """The scores (B,) by the engine's scores operator, once for each group (_groups)."""
+    def run(s, q, t, key):
+        *gaps, temperature = key
+        if len(gaps) == 1:
+            return (_scores(s, q, t, gaps[0], temperature),)
+        return (_affine_scores(s, q, t, *gaps, temperature),)
+
+    with torch.no_grad():
+        return _by_groups(S, query_lengths, target_lengths, groups, run)[0]
+
+
+def _scores_per_pair_by_groups(S, query_lengths, target_lengths, *values):
+    """scores_per_pair and affine_scores_per_pair: the scores operator of each group."""
+    _load_engine_for(S)
+    return _scores_of_groups(S, query_lengths, target_lengths, _engine_groups(S, values))
+
+
+def _posterior_per_pair_by_groups(S, query_lengths, target_lengths, *values):
+    """posterior_per_pair and affine_posterior_per_pair: for each group, the forward that keeps the state
+    and the backward from a gradient of 1 with the gap sums: (scores, posterior, one count a gap)."""
+    _load_engine_for(S)
+
+    def run(s, q, t, key):
+        scores, state, best, failed, by_rows = _forward_keeping_state(s, q, t, key)
+        posterior, sums = _backward_with_sums(torch.ones_like(scores), s, q, t, key, state, best, failed, by_rows)
+        return (scores, posterior, *sums[:-1])
+
+    groups = _engine_groups(S, values)
+    with torch.no_grad():
+        return tuple(_by_groups(S, query_lengths, target_lengths, groups, run))
+
+
+for _name in ("scores_per_pair", "affine_scores_per_pair"):
+    _LIBRARY.impl(_name, _scores_per_pair_by_groups, "CUDA")
+for _name in ("posterior_per_pair", "affine_posterior_per_pair"):
+    _LIBRARY.impl(_name, _posterior_per_pair_by_groups, "CUDA")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -734,20 +959,6 @@ def _in_functorch() -> bool:
     return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None
 
 
-def _per_pair_under_functorch(S: torch.Tensor, affine: bool) -> bool:
-    """Whether an active torch.func transform sends a call with number gaps to the per-pair operators: a
-    differentiating one (grad, vjp, jacrev, jvp) always, since only they carry gradients to the gaps and t
-    under it; vmap alone only where S's engine has them (else the scores operators, under torch's own
-    per-example vmap fallback: slower, but what an engine without them can run)."""
-    if not _in_functorch():
-        return False
-    differentiating = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
-    if any(i.key() in differentiating for i in torch._C._functorch.get_interpreter_stack() or ()):
-        return True
-    name = "affine_posterior_per_pair" if affine else "posterior_per_pair"
-    return not S.is_cuda or torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{name}", "CUDA")
-
-
 def soft_smith_waterman(
     score_matrix: torch.Tensor,
     gap: float | torch.Tensor | None = None,
@@ -770,8 +981,9 @@ def soft_smith_waterman(
 
     The gaps and the temperature are Python numbers, or tensors: 0-d (one value for the batch) or (B,)
     (one per pair), differentiable where they require grad (d score / d gap is the expected number of gap
-    positions of the soft alignment; d score / d t needs t > 0). Tensors run on the CPU engine and the
-    reference loop (the CUDA engine raises).
+    positions of the soft alignment; d score / d t needs t > 0), on every backend. The engines read tensor
+    values to the host (one copy; not inside a CUDA graph being captured) and run once per group of
+    pairs with equal values: one group, at full speed, for a 0-d tensor.
 
     return_posterior: return (scores, posterior), the posterior being d score[b] / d S[b] (S's shape):
     the soft alignment, each entry the probability that the cell is matched (the best alignment's match
@@ -810,8 +1022,9 @@ def soft_smith_waterman(
     if dtype is torch.float16 or dtype is torch.bfloat16:
         S = S.float()
     gaps = (gap,) if affine is None else affine
-    if (any(isinstance(x, torch.Tensor) for x in (*gaps, temperature))
-            or _per_pair_under_functorch(S, affine is not None)):
+    # Under a torch.func transform, numbers too: only these operators carry gradients to the gaps and t
+    # there, and have a vmap rule that takes a batch of batches in one call.
+    if any(isinstance(x, torch.Tensor) for x in (*gaps, temperature)) or _in_functorch():
         scores, posterior = _per_pair_scores(S, qlen, tlen, gaps, temperature, backend, return_posterior)
     elif return_posterior:
         scores, posterior = _scores_and_posterior(S, qlen, tlen, gaps, temperature, backend)
@@ -877,32 +1090,28 @@ def _scores_and_posterior(S, qlen, tlen, gaps, temperature: float, backend: str)
     if backend == "reference":
         return _reference_scores_and_posterior(S, qlen, tlen, gaps, temperature)
     _load_engine_for(S)
+    key = (*gaps, temperature)
+    scores, state, best, failed, by_rows = _forward_keeping_state(S, qlen, tlen, key)
     ones = torch.ones(S.shape[0], dtype=S.dtype, device=S.device)
-    if len(gaps) == 1:
-        by_rows = gradient_by_rows(S, qlen is not None or tlen is not None, gaps[0], temperature)
-        scores, state, best, failed = _forward(S, qlen, tlen, gaps[0], temperature, by_rows)
-        with torch.no_grad():
-            posterior = _backward(ones, S.detach(), state, best, failed, qlen, tlen, gaps[0], temperature, by_rows)
-    else:
-        by_rows = affine_gradient_by_rows(S, qlen is not None or tlen is not None, gaps[0], temperature)
-        scores, state, best, failed = _affine_forward(S, qlen, tlen, *gaps, temperature, by_rows)
-        with torch.no_grad():
-            posterior = _affine_backward(ones, S.detach(), state, best, failed, qlen, tlen, *gaps, temperature,
-                                         by_rows)
+    backward = _backward if len(gaps) == 1 else _affine_backward
+    with torch.no_grad():
+        posterior = backward(ones, S.detach(), state, best, failed, qlen, tlen, *key, by_rows)
     return scores, posterior
 
 
 def _per_pair_parameters(S, gaps, temperature):
-    """The gaps and the temperature as (B,) tensors in S's dtype on its device, each from a number, a 0-d
-    tensor (expanded: its gradient is the sum over the pairs) or a (B,) tensor; their values checked in
-    one read from the device, outside graph capture and torch.func transforms (there the engine checks
-    them itself)."""
+    """(values, host): the gaps and the temperature as (B,) tensors in S's dtype on its device, each from a
+    number, a 0-d tensor (expanded: its gradient is the sum over the pairs) or a (B,) tensor; and their
+    values on the host, (B, k) float64, read in one copy from the device and checked. host is None where
+    nothing can be read: in a graph being captured or compiled and under torch.func transforms (the engine
+    checks the values itself there), for meta and fake tensors and for an empty batch."""
     B = S.shape[0]
     names = ("gap",) if len(gaps) == 1 else ("gap_open", "gap_extend")
-    values = []
+    values, known = [], []  # known: the numbers given (None for a tensor)
     for name, value in zip((*names, "temperature"), (*gaps, temperature)):
         if not isinstance(value, torch.Tensor):
-            values.append(torch.full((B,), value, dtype=S.dtype, device=S.device))
+            values.append(torch.full((), value, dtype=S.dtype, device=S.device).expand(B))
+            known.append(value)
             continue
         if value.dim() != 0 and tuple(value.shape) != (B,):
             raise ValueError(f"{name} must be a number, a 0-d tensor or a ({B},) tensor with one value per pair, "
@@ -910,47 +1119,63 @@ def _per_pair_parameters(S, gaps, temperature):
         if value.dtype == torch.bool or value.dtype.is_complex:
             raise ValueError(f"{name} must hold real numbers, got dtype {value.dtype}")
         values.append(value.to(device=S.device, dtype=S.dtype).expand(B))
-    if (not _capturing_graph() and not _in_functorch() and S.device.type != "meta" and B
-            and torch._guards.detect_fake_mode(S) is None):
-        _check_per_pair_values(names, values, needs_positive_temperature=torch.is_grad_enabled()
-                               and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
-    return values
+        known.append(None)
+    if (_capturing_graph() or _in_functorch() or S.device.type == "meta" or not B
+            or torch._guards.detect_fake_mode(S) is not None):
+        return values, None
+    if S.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError(CAPTURED_VALUES)
+    host = _host_values(values, known, S.dtype)
+    _check_per_pair_values(names, host, needs_positive_temperature=torch.is_grad_enabled()
+                           and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
+    return values, host
 
 
-def _check_per_pair_values(names, values, needs_positive_temperature: bool) -> None:
-    """The rules of the per-pair values (the gaps' as for numbers; t >= 0, and t > 0 where it requires
-    grad), all read in one round trip; the first pair that breaks one is named."""
-    *gaps, temperature = [v.detach() for v in values]
-    rules = [(torch.isfinite(v), f"{name} must be finite") for name, v in zip(names, gaps)]
-    rules.append((torch.isfinite(temperature) & (temperature >= 0), "temperature must be finite and >= 0"))
-    if len(gaps) == 2:
-        rules.append((gaps[1] <= 0, "gap_extend must be <= 0"))
-        rules.append((gaps[0] <= gaps[1], "gap_open must be <= gap_extend"))
-    if needs_positive_temperature:
-        rules.append((temperature > 0, TEMPERATURE_GRADIENT_AT_ZERO))
-    broken = torch.stack([~ok for ok, _ in rules])  # (rules, B)
-    if not broken.any().item():
+def _host_values(values, known, dtype) -> torch.Tensor:
+    """(B, k) float64 on the CPU: the numbers given, rounded to `dtype` as the values on the device are,
+    and the tensors read from the device in one copy, an expanded one (a 0-d tensor given) as one value."""
+    B = values[0].shape[0]
+    reads = [value[:1] if value.stride(0) == 0 else value for value, x in zip(values, known) if x is None]
+    read = torch.cat([r.detach() for r in reads]).to("cpu", torch.float64) if reads else None
+    columns, at = [], 0
+    for value, x in zip(values, known):
+        if x is not None:
+            columns.append(torch.full((B,), x, dtype=dtype).to(torch.float64))
+            continue
+        n = 1 if value.stride(0) == 0 else B
+        columns.append(read[at:at + n].expand(B))
+        at += n
+    return torch.stack(columns, 1)
+
+
+def _check_per_pair_values(names, host: torch.Tensor, needs_positive_temperature: bool) -> None:
+    """The rules of the per-pair values, host (B, k) float64 on the CPU (the gaps' as for numbers;
+    t >= 0, and t > 0 where it requires grad); the first pair that breaks one is named. In numpy: the
+    host's time here is the device's idle time before the forward."""
+    values = host.numpy()
+    *gaps, temperature = values.T
+    with np.errstate(invalid="ignore"):
+        rules = [(np.isfinite(v), f"{name} must be finite") for name, v in zip(names, gaps)]
+        rules.append((np.isfinite(temperature) & (temperature >= 0), "temperature must be finite and >= 0"))
+        if len(gaps) == 2:
+            rules.append((gaps[1] <= 0, "gap_extend must be <= 0"))
+            rules.append((gaps[0] <= gaps[1], "gap_open must be <= gap_extend"))
+        if needs_positive_temperature:
+            rules.append((temperature > 0, TEMPERATURE_GRADIENT_AT_ZERO))
+    broken = ~np.stack([ok for ok, _ in rules])  # (rules, B)
+    if not broken.any():
         return
-    rule, pair = divmod(int(broken.flatten().nonzero()[0].item()), broken.shape[1])
-    shown = ", ".join(f"{name} = {v[pair].item():g}" for name, v in zip((*names, "temperature"), values))
+    rule, pair = divmod(int(np.flatnonzero(broken)[0]), broken.shape[1])
+    shown = ", ".join(f"{name} = {v[pair]:g}" for name, v in zip((*names, "temperature"), values.T))
     raise ValueError(f"{rules[rule][1]}; pair {pair} has {shown}")
-
-
-def _require_per_pair_kernels(S: torch.Tensor, affine: bool) -> None:
-    """A clear error, instead of the dispatcher's, where the engine of S's device has no per-pair
-    operators (the CUDA engine's are not written yet)."""
-    name = "affine_posterior_per_pair" if affine else "posterior_per_pair"
-    if S.is_cuda and not torch.compiler.is_compiling() and not torch._C._dispatch_has_kernel_for_dispatch_key(
-            f"swcli::{name}", "CUDA"):
-        raise ValueError(
-            f"tensor gaps or temperature (and torch.func transforms) need the operator swcli::{name}, which the "
-            "CUDA engine does not implement yet: give Python numbers for the gaps and the temperature with CUDA "
-            "tensors, or score CPU tensors, or use backend='reference'")
 
 
 def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_posterior: bool):
     """(scores, posterior or None) where a gap or the temperature is a tensor (or a torch.func transform is
-    active): the per-pair operators, differentiable in S, the gaps and the temperature."""
+    active): differentiable in S, the gaps and the temperature. In eager mode the engine's forward that keeps
+    its state, and its backward with the sums the gaps and the temperature take, at backward time
+    (_ParametersWithGradient); with return_posterior, under torch.func transforms and in captured graphs the
+    posterior operators, whose backward is a scaling of what they return."""
     if backend == "reference":
         _per_pair_parameters(S, gaps, temperature)  # their checks, as for the engines
         if return_posterior:
@@ -959,19 +1184,22 @@ def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_post
             return soft_smith_waterman_reference(S, gaps[0], temperature, qlen, tlen), None
         return soft_smith_waterman_affine_reference(S, *gaps, temperature, qlen, tlen), None
     _load_engine_for(S)
-    _require_per_pair_kernels(S, affine=len(gaps) == 2)
     _refuse_nested_differentiation()
-    values = _per_pair_parameters(S, gaps, temperature)
+    values, host = _per_pair_parameters(S, gaps, temperature)
     differentiable = torch.is_grad_enabled() and (S.requires_grad or any(v.requires_grad for v in values))
     if not (return_posterior or differentiable or torch.jit.is_tracing()):
+        if host is not None:  # the values read already: the engine's scores by groups, no second read
+            return _scores_of_groups(S, qlen, tlen, _groups(host, S.device)), None
         op = _scores_per_pair if len(gaps) == 1 else _affine_scores_per_pair
         return op(S, qlen, tlen, *values), None
     if _capturing_graph():
         op = _posterior_per_pair if len(gaps) == 1 else _affine_posterior_per_pair
         scores, posterior, *_ = op(S, qlen, tlen, *values)
-    else:
+        return scores, posterior
+    if return_posterior or host is None:
         scores, posterior, *_ = _PosteriorWithGradient.apply(S, qlen, tlen, *values)
-    return scores, posterior
+        return scores, posterior
+    return _ParametersWithGradient.apply(S, qlen, tlen, _groups(host, S.device), *values), None
 
 
 def soft_smith_waterman_codes(

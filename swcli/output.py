@@ -259,31 +259,44 @@ class TsvWriter:
         self.write_bytes(text.encode(), flush)
 
     def write_bytes(self, text: bytes, flush: bool = True) -> None:
-        """Write whole rows already formatted (UTF-8 bytes, each ending in a newline)."""
-        if not self._streaming():
-            if not self._started:
-                self._start()
-            self._handle.write(text)
-            return
-        with interrupt.protected():  # a signal waits for the rows and the flush
-            if not self._started:
-                self._start()
-            self._handle.write(text)
-            if flush:
-                self._handle.flush()
+        """Write whole rows already formatted (UTF-8 bytes, each ending in a newline). A write that fails
+        (a full disk) is this writer's one-line error; a closed pipe stays BrokenPipeError (exit 141)."""
+        try:
+            if not self._streaming():
+                if not self._started:
+                    self._start()
+                self._handle.write(text)
+                return
+            with interrupt.protected():  # a signal waits for the rows and the flush
+                if not self._started:
+                    self._start()
+                self._handle.write(text)
+                if flush:
+                    self._handle.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def _failed(self, exc: OSError) -> SwcliError:
+        return _error("stdout" if self.path is None else self.path, exc.strerror or str(exc))
 
     # ---------------------------------------------------------------------------------------- finish
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         if self._streaming():
             with interrupt.protected():
-                if exc_type is None and not self._started:
-                    self._start()
                 try:
-                    self._handle.flush()
-                finally:
-                    if self.mode == "direct":
-                        self._handle.close()
+                    if exc_type is None and not self._started:
+                        self._start()
+                    try:
+                        self._handle.flush()
+                    finally:
+                        if self.mode == "direct":
+                            self._handle.close()
+                except OSError as error:  # on an error already on its way: that one is the run's
+                    if exc_type is None:
+                        raise error if isinstance(error, BrokenPipeError) else self._failed(error) from None
             return
         try:
             if exc_type is None:

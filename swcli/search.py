@@ -31,7 +31,7 @@ import torch
 from swcli import interrupt
 from swcli.database import Database
 from swcli.errors import SwcliError
-from swcli.ops import score_checked_codes
+from swcli.ops import load_engine, score_checked_codes
 
 DEFAULT_MAX_CELLS = 1 << 24  # padded target cells per block, per query residue: 16 MiB of codes
 DEFAULT_MAX_BYTES = 1 << 32  # padded blocks kept on the device beyond this are padded again per query
@@ -63,7 +63,8 @@ class SearchStats:
     """What a search did, for the progress bar and benchmarks. cells: qlen x tlen summed over every
     (query, database sequence) pair, the work whatever the padding. kernel_seconds: the scoring calls
     alone, a search kernel's flagged pairs scored again included (on CUDA the sum of CUDA-event intervals
-    around them, read once per query; on the CPU the host clock around them). seconds: the whole run, queries read to output written."""
+    around them, read once per query; on the CPU the host clock around them). seconds: the whole run,
+    queries read to output written."""
 
     queries: int = 0  # done so far
     total: int = 0  # queries read
@@ -222,6 +223,7 @@ class ExactSearch:
             return None  # (gap_open > gap_extend: the general path's checks say what is wrong)
         if not bool(((matrix == matrix.round()) & (matrix.abs() <= cls.LARGEST)).all()):
             return None
+        load_engine("cuda")  # the kernel is the CUDA engine's: a library caller may not have loaded it
         return cls(matrix, int(gaps[0]), int(gaps[1]))
 
     def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,7 +248,7 @@ class SoftSearch:
     2G (affine O + E) past 0.9, where padding could pass the bound or grow; U under MIN_UPPER or F under
     MIN_FLOOR (low t or large scores); a matrix with NaN or +inf, or too many letters for the shared
     memory; or where a typical strong alignment would spread a segment's 8 cells past what the floor
-    allows (SPREAD below: their pairs would all be flagged and scored again)."""
+    allows (plan's spread: such pairs would all be flagged and scored again)."""
 
     SEGMENT = 8  # columns a scale (the kernel's kSegment)
     # The kernel's single-tile widths (G R of kLinearShapes and kAffineShapes in search_soft.cu): a block's
@@ -319,6 +321,7 @@ class SoftSearch:
         if plan is None:
             return None
         powers = torch.from_numpy(plan.pop("powers")).to(matrix.device)
+        load_engine("cuda")  # the kernel is the CUDA engine's: a library caller may not have loaded it
         return cls(powers, plan)
 
     @classmethod

@@ -434,6 +434,18 @@ class CudaEngineCalls:
                                                                    scaled=scaled))
 
     @staticmethod
+    def engine_gradient(S, qlen, tlen, gap, t, grad_out, lane_columns):
+        """(scores, state, grad_S) of the engine's forward and backward that keep a state (not by rows),
+        called directly with lane_columns (-1: the tiles of long pairs)."""
+        from swcli.ops import load_engine
+
+        load_engine("cuda")
+        scores, state, best, failed = torch.ops.swcli.forward(S, qlen, tlen, gap, t, False, lane_columns=lane_columns)
+        grad = torch.ops.swcli.backward(grad_out, S, state, best, failed, qlen, tlen, gap, t, False,
+                                        lane_columns=lane_columns)
+        return scores, state, grad
+
+    @staticmethod
     def rows_gradient(S, qlen, tlen, gap, t, grad_out):
         """(scores, grad_S) of the engine's forward and backward by rows, asserting that the scaled rows
         hold every pair (no table needed)."""

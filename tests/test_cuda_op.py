@@ -108,7 +108,7 @@ class TestCudaOp(CudaEngineCalls):
 
     ENGINE_ERRORS = {
         "dense lane_columns 8": ("swcli.scores(S, None, None, -4.0, 1.0, lane_columns=8)",
-                                 r"lane_columns must be 0 \(automatic\), 1 or 4, got 8"),
+                                 r"lane_columns must be 0 \(automatic\), 1, 4 or -1 \(tiles of long pairs\), got 8"),
         "codes lane_columns 3": ("swcli.scores_codes(q, q, m, None, None, -4.0, 1.0, lane_columns=3)",
                                  r"lane_columns must be 0 \(automatic\), 1, 4 or 8, got 3"),
         "int32 lengths": ("swcli.scores_codes(q, q, m, n.int(), None, -4.0, 1.0)",
@@ -122,6 +122,15 @@ class TestCudaOp(CudaEngineCalls):
                             "kept rows do not match the score matrix"),
         "table wrong": ("swcli.backward(n.float(), S, S[0].reshape(-1), n, n[:1].int(), None, None, -4.0, 1.0, False)",
                         "the DP table does not match the score matrix"),
+        "tiles of float64": ("swcli.scores(S.double(), None, None, -4.0, 1.0, lane_columns=-1)",
+                             r"lane_columns -1 \(tiles of long pairs\) takes float32 scores, got Double"),
+        "tiles state wrong": ("swcli.backward(n.float(), S, S[0].reshape(-1), n, n[:1].int(), None, None, -4.0, 1.0, "
+                              "False, lane_columns=-1)", "state does not match the score matrix: it must be the state "
+                              "of the forward by tiles"),
+        "affine tiles": ("swcli.affine_scores(S, None, None, -4.0, -1.0, 1.0, lane_columns=-1)",
+                         r"lane_columns must be 0 \(automatic\), 1 or 4, got -1"),
+        "codes tiles": ("swcli.scores_codes(q, q, m, None, None, -4.0, 1.0, lane_columns=-1)",
+                        r"lane_columns must be 0 \(automatic\), 1, 4 or 8, got -1"),
     }
 
     # Each case starts a process (torch, a CUDA context, the engine): one case of each engine entry (dense,

@@ -4,6 +4,8 @@ padded targets at t = 0, two targets a register, against the float32 engine's ex
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -127,3 +129,22 @@ class TestCudaSearchS16:
                              gap_extend=gap_extend))
         for a, b in zip(on_gpu, on_cpu):
             assert torch.equal(a.scores, b.scores) and torch.equal(a.targets, b.targets)
+
+    def test_a_fresh_process_needs_no_engine_loaded_first(self):
+        # search() at t = 0 on CUDA is the 16-bit kernel's: it loads the CUDA engine itself
+        program = ("import random, torch\n"
+                   "from swcli import database\n"
+                   "from swcli.fasta import FastaRecord\n"
+                   "from swcli.scoring import load_matrix\n"
+                   "from swcli.search import search\n"
+                   "from swcli.testing import random_protein\n"
+                   "B = load_matrix('BLOSUM62'); rng = random.Random(3)\n"
+                   "seqs = [random_protein(rng, 50) for _ in range(20)]\n"
+                   "db = database.build([FastaRecord('db.fa', k + 1, f's{k}', s) for k, s in enumerate(seqs)], B, 'db.fa')\n"
+                   "hits = list(search([B.encode(seqs[3], lambda: 'q')], db, B.tensor(), -4.0, 0.0, 1, 'cuda',"
+                   " torch.device('cuda')))[0]\n"
+                   "print(int(hits.targets[0]))\n")
+        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split()[-1] == "3"
+

@@ -164,7 +164,8 @@ class TestCudaSearchSoft:
         pairs = related_protein_pairs(52, 6, 30, 70)
         rng = random.Random(52)
         query = pairs[0][0]
-        sequences = [t for _, t in pairs] + [query, "", "W"] + [random_protein(rng, rng.randint(1, 90)) for _ in range(9)]
+        sequences = [t for _, t in pairs] + [query, "", "W"]
+        sequences += [random_protein(rng, rng.randint(1, 90)) for _ in range(9)]
         width = max(map(len, sequences))
         block = np.zeros((len(sequences), width), np.int64)
         for b, s in enumerate(sequences):
@@ -253,7 +254,8 @@ class TestCudaSearchSoft:
         S = BLOSUM62.tensor(device=self.device)
         soft = SoftSearch.of(S, 1.0, **gaps)
         for query in rng.sample([s for s in sequences if len(s) <= 1200], 4):
-            targets = sequences + [t for _, t in related_protein_pairs(rng.randint(0, 99), 4, 50, 300)] + [long[:35_000]]
+            relatives = [t for _, t in related_protein_pairs(rng.randint(0, 99), 4, 50, 300)]
+            targets = sequences + relatives + [long[:35_000]]
             targets += [query, query[len(query) // 3:]]
             targets.sort(key=len, reverse=True)
             width = len(targets[0])

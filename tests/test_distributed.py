@@ -1,9 +1,12 @@
 """distributed.py: search and align on torchrun's ranks equal one process, byte for byte; failures stop all.
 
-The shards and the merge are checked in this process against one Searcher (on every device). The runs of
-several processes are two torchrun starts of 2 CPU ranks (gloo): one runs many commands in each rank
-(tests/distributed_worker.py), whose outputs are compared with the same commands in one process; the
-other is the real command line with a rank that dies.
+The shards and the merge are checked in this process against one Searcher (on every device), and which
+processes join (launch.py) against given environments. The runs of several processes are 2 CPU ranks
+(gloo): one torchrun start runs many commands in each rank (tests/distributed_worker.py), whose outputs
+are compared with the same commands in one process; a few more run the real command line through
+torchrun (a rank that dies, an error outside the exchanges, a subprocess of a worker). The failures that
+leave a group broken (an error no exchange carries, a rank that dies or hangs) run the command line as
+ranks started by hand, one pair of processes each, so that each rank's exit code and words are its own.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -190,6 +195,109 @@ def test_without_torchrun_there_is_no_group(monkeypatch):
         distributed.environment()
 
 
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("parent, inherited", [
+    (None, False),  # unreadable: the variables count as this process's, as before
+    ({}, False),  # torchrun's agent: it has none of them
+    ({"PATH": "/bin"}, False),
+    (TORCHRUN, True),  # a torchrun worker's subprocess
+    ({**TORCHRUN, "MASTER_PORT": "29501"}, False),  # a torchrun started inside another one's rank
+    ({**TORCHRUN, "RANK": "0"}, False),
+])
+def test_torchrun_variables_count_only_where_the_parent_does_not_hold_them(parent, inherited):
+    from swcli import launch
+
+    found = launch.find(TORCHRUN, parent, 4321)
+    assert (found.rank, found.size, found.local_rank) == (1, 2, 1)
+    assert found.inherited is inherited and found.parent == (4321 if inherited else None)
+    assert launch.find({"RANK": "1", "WORLD_SIZE": "2"}, {}, 1) is None  # LOCAL_RANK missing: not torchrun's
+    without_meeting = {name: TORCHRUN[name] for name in launch.VARIABLES}
+    assert launch.find(without_meeting, TORCHRUN, 7).inherited  # the meeting point is compared where set
+
+
+def test_the_parent_environment_is_read_from_proc():
+    """A process's environment as it started: the child's own holds the variable given to it, its parent's
+    (this process, which never had it) does not."""
+    from swcli import launch
+
+    if not os.path.exists(f"/proc/{os.getpid()}/environ"):
+        pytest.skip("no /proc here: the parent's environment cannot be read (the variables then count)")
+    script = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); from swcli.launch import parent_environment; "
+              "print(json.dumps([parent_environment(p).get('SWCLI_PROBE') for p in (os.getpid(), os.getppid())]))")
+    child = subprocess.run([sys.executable, "-c", script, str(REPO)], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "SWCLI_PROBE": "a=b"})
+    assert child.returncode == 0 and json.loads(child.stdout) == ["a=b", None]
+    assert launch.parent_environment(0) is None and launch.parent_environment(2**22 + 12345) is None
+
+
+def inherit_torchrun(monkeypatch, rank="1"):
+    """This process as a subprocess of torchrun's rank `rank`: the variables set, and its parent's."""
+    from swcli import launch
+
+    variables = {**TORCHRUN, "RANK": rank, "LOCAL_RANK": rank}
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch, "parent_environment", lambda pid: dict(variables))
+
+
+def test_inherited_variables_run_one_process_and_say_so(monkeypatch, capsys):
+    inherit_torchrun(monkeypatch)
+    assert distributed.start(["-"]) is None
+    assert capsys.readouterr().err == (f"swcli: running as one process: RANK, WORLD_SIZE and LOCAL_RANK are those of "
+                                       f"the parent process (pid {os.getppid()}), not set for this one "
+                                       "(--distributed on joins their process group)\n")
+    assert distributed.start(["-"], "auto", quiet=True) is None and distributed.start([], "off") is None
+    assert capsys.readouterr().err == ""
+
+
+def test_distributed_on_without_torchrun_is_an_error(monkeypatch, tmp_path, capsys):
+    for name in distributed.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    fasta = write_fasta(tmp_path / "q.fa", [("a", "MKVL")])
+    for command in (["search", fasta, fasta], ["align", fasta, fasta]):
+        code, out, err = run_cli([*command, "--backend", "cpu", "--distributed", "on"], capsys)
+        assert (code, out) == (1, "") and err == ("swcli: error: --distributed on: RANK, WORLD_SIZE, LOCAL_RANK are "
+                                                  "not set: start the command with torchrun (torchrun "
+                                                  "--nproc-per-node N -m swcli ...)\n")
+
+
+def test_a_usage_error_is_said_by_rank_0_or_by_a_process_that_is_no_rank(monkeypatch, capsys):
+    from swcli import launch
+
+    for name, value in TORCHRUN.items():  # rank 1, started by torchrun: rank 0 says it
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch, "parent_environment", lambda pid: {})
+    assert run_cli(["search", "--no-such-option"], capsys) == (2, "", "")
+    inherit_torchrun(monkeypatch)  # a subprocess of rank 1: alone, it says it
+    code, _, err = run_cli(["search", "--no-such-option"], capsys)
+    assert code == 2 and err.startswith("swcli: usage error: No such option: --no-such-option")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "nan"])
+def test_the_waits_limits_must_be_seconds(monkeypatch, value):
+    monkeypatch.setenv("SWCLI_DISTRIBUTED_SILENCE", value)
+    with pytest.raises(SwcliError, match=f"^SWCLI_DISTRIBUTED_SILENCE={value}: give the seconds to wait, a number > 0$"):
+        distributed._seconds("SWCLI_DISTRIBUTED_SILENCE", 15.0)
+    monkeypatch.setenv("SWCLI_DISTRIBUTED_SILENCE", "2.5")
+    assert distributed._seconds("SWCLI_DISTRIBUTED_SILENCE", 15.0) == 2.5
+    monkeypatch.delenv("SWCLI_DISTRIBUTED_SILENCE")
+    assert distributed._seconds("SWCLI_DISTRIBUTED_SILENCE", 15.0) == 15.0
+
+
+def test_a_group_that_broke_is_not_used_again(monkeypatch):
+    """One process, several commands (as the tests' worker runs them): after a command left the group
+    broken, the next one says so rather than wait in it."""
+    from swcli import launch
+
+    monkeypatch.setattr(launch, "find", lambda: launch.Launch(1, 2, 1, None))
+    monkeypatch.setattr(distributed, "_group", distributed.Group(1, 2, 1, 60.0, lost=True))
+    with pytest.raises(SwcliError, match="^rank 1: the process group broke in an earlier command of this process$"):
+        distributed.start([], "on")
+    assert distributed.left_broken() and distributed.finish(KeyError("x")).args == ("x",)  # no command ran
+
+
 def test_failures_are_reported_with_their_exit_code():
     import typer
 
@@ -268,16 +376,30 @@ def commands(paths, folder):
         ("align_fails_midway", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-o", out("kept3.tsv"), *cpu],
          {"SWCLI_FAIL_AT": "1:chunk:1"}),
         ("stdin", ["search", "-", p["db"], *cpu], {}),
+        ("search_final_write_fails", ["search", p["q"], p["db"], "-t", "1", "-o", out("kept4.tsv"), *cpu], {}),
+        ("align_final_write_fails", ["align", p["pq"], p["pt"], "--chunk-size", "3", "-o", out("kept5.tsv"), *cpu],
+         {}),
+        ("search_alone", ["search", p["q"], p["db"], "-k", "3", "--distributed", "off", *cpu], {}),
+        ("search_disk_full", ["search", p["q"], p["db"], "-t", "1", "-o", "/dev/full", *cpu], {}),
     ]
+
+
+# Faults of the operating system, made in the worker (tests/distributed_worker.py) by rank 0 alone: the
+# last steps of putting the output in place fail as on a full disk, or in a folder made read-only.
+FAULTS = {
+    "search_final_write_fails": {"rank": 0, "call": "fsync", "errno": "ENOSPC"},
+    "align_final_write_fails": {"rank": 0, "call": "replace", "errno": "EACCES"},
+}
+KEPT = ("kept1.tsv", "kept2.tsv", "kept3.tsv", "kept4.tsv", "kept5.tsv")
 
 
 @pytest.fixture(scope="module")
 def ranks(files):
     """Every command run by 2 ranks in one torchrun start: {name: [rank 0's, rank 1's outcome]}."""
     folder, paths = files
-    for name in ("kept1.tsv", "kept2.tsv", "kept3.tsv"):
+    for name in KEPT:
         (folder / name).write_text("old\n")
-    cases = [{"name": n, "argv": argv, "env": env} for n, argv, env in commands(paths, folder)]
+    cases = [{"name": n, "argv": argv, "env": env, "fault": FAULTS.get(n)} for n, argv, env in commands(paths, folder)]
     (folder / "cases.json").write_text(json.dumps(cases))
     (folder / "results").mkdir()
     run = torchrun([str(REPO / "tests" / "distributed_worker.py"), str(folder / "cases.json"),
@@ -341,6 +463,30 @@ def test_a_bad_letter_seen_by_one_rank_is_its_error(ranks, files, capsys):
     assert (folder / "kept2.tsv").read_text() == "old\n"
 
 
+@pytest.mark.parametrize("name, kept, why", [
+    ("search_final_write_fails", "kept4.tsv", "No space left on device"),
+    ("align_final_write_fails", "kept5.tsv", "Permission denied"),
+])
+def test_a_final_write_that_fails_on_rank_0_fails_every_rank(ranks, files, name, kept, why):
+    """Rank 0 puts the output in place once every rank is done: where that fails, every rank exits with
+    its error, which rank 0 alone prints, and the existing file is kept."""
+    folder, _ = files
+    first, second = ranks[name]
+    assert first["code"] == second["code"] == 1
+    assert first["stderr"] == f"swcli: error: {folder / kept}: cannot write output ({why})\n"
+    assert second["stderr"] == first["stdout"] == second["stdout"] == ""
+    assert (folder / kept).read_text() == "old\n" and not list(folder.glob(".*.part"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_a_full_disk_on_rank_0_is_one_error_on_every_rank(ranks):
+    """/dev/full fails rank 0's first rows as a full disk does."""
+    first, second = ranks["search_disk_full"]
+    assert first["code"] == second["code"] == 1
+    assert first["stderr"] == "swcli: error: /dev/full: cannot write output (No space left on device)\n"
+    assert second["stderr"] == first["stdout"] == second["stdout"] == ""
+
+
 def test_a_rank_that_dies_fails_the_run_and_keeps_the_output(files, tmp_path):
     """The real command line: rank 1 ends at once (as when killed); rank 0 stops, removes its temporary
     file, and torchrun exits non-zero."""
@@ -351,3 +497,194 @@ def test_a_rank_that_dies_fails_the_run_and_keeps_the_output(files, tmp_path):
                    {"SWCLI_FAIL_AT": "1:query:1:exit"})
     assert run.returncode != 0
     assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["hits.tsv"]
+
+
+def test_the_exchange_benchmark_runs_on_two_ranks(tmp_path):
+    """benchmarks/distributed_exchange.py calls the group's exchange as the search does: a change of its
+    signature must not leave the benchmark behind."""
+    run = torchrun([str(REPO / "benchmarks" / "distributed_exchange.py"), "--count", "5", "--warm-up", "2"], tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert re.search(r"^2 ranks, cpu, top 10: \d+ us per exchange", run.stdout, re.M), run.stdout
+
+
+def test_distributed_off_runs_each_rank_alone(ranks, files, capsys):
+    folder, paths = files
+    argv = {n: argv for n, argv, _ in commands(paths, folder)}["search_alone"]
+    code, out, err = one_process(argv, capsys)
+    assert code == 0 and out.count("\n") > 3
+    for outcome in ranks["search_alone"]:  # each rank the whole search, in silence on stderr
+        assert (outcome["code"], outcome["stdout"].encode("latin-1"), outcome["stderr"]) == (0, out.encode(), err)
+
+
+def test_a_subprocess_of_a_torchrun_worker_runs_as_one_process(files, capsys, tmp_path):
+    """torchrun's variables, inherited by a command that a worker starts, are not this command's: it runs
+    alone (and says why), the same rows as without torchrun; --distributed off runs alone in silence."""
+    _, paths = files
+    argv = ["search", paths["q"], paths["db"], "-k", "3", "-t", "1", "--backend", "cpu"]
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([argv, [*argv, "--distributed", "off"]]))
+    run = torchrun([str(REPO / "tests" / "torchrun_subprocess.py"), str(cases), str(tmp_path / "result.json")],
+                   tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    inherited, off = json.loads((tmp_path / "result.json").read_text())
+    code, out, err = one_process(argv, capsys)
+    assert code == 0 and out.count("\n") > 3
+    assert inherited["code"] == 0 and inherited["stdout"] == out
+    assert inherited["stderr"] == (f"swcli: running as one process: RANK, WORLD_SIZE and LOCAL_RANK are those of "
+                                   f"the parent process (pid {inherited['parent']}), not set for this one "
+                                   "(--distributed on joins their process group)\n")
+    assert (off["code"], off["stdout"], off["stderr"]) == (0, out, "")
+
+
+# --------------------------------------------------------------------------------------------------
+# Two ranks started by hand: the variables set, and no torchrun agent that stops the others when one
+# ends (as for the ranks of the other hosts of a cluster), so that what each rank says and its exit code
+# are its own.
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def by_hand(argv, cwd, env=None, hung=(), size=2):
+    """`python -m swcli ARGV` as `size` ranks: [(exit code, stdout, stderr)] by rank. The ranks in `hung`
+    are killed once rank 0 has ended (code None). A run that does not end within 90 s (the waits' own
+    limit is set to 120 s) is killed, and fails the test."""
+    base = {**os.environ, **(env or {}), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()), "SWCLI_DISTRIBUTED_TIMEOUT": "120",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    processes = [subprocess.Popen([sys.executable, "-m", "swcli", *argv], cwd=cwd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
+                 for r in range(size)]
+    outcomes = []
+    try:
+        for rank, process in enumerate(processes):
+            if rank in hung:
+                process.kill()
+            out, err = process.communicate(timeout=90)
+            outcomes.append((None if rank in hung else process.returncode, out, err))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return outcomes
+
+
+def search_argv(paths, *extra):
+    return ["search", paths["q"], paths["db"], "-t", "1", "--backend", "cpu", *extra]
+
+
+def align_argv(paths, *extra):
+    return ["align", paths["pq"], paths["pt"], "--chunk-size", "3", "--backend", "cpu", *extra]
+
+
+CRASH = "InjectedCrash: crash injected at {} (SWCLI_FAIL_AT)"
+ERROR = "failure injected at {} (SWCLI_FAIL_AT)"
+
+
+@pytest.mark.parametrize("command, spec", [
+    ("search", "1:read:crash"),
+    ("search", "1:query:1:crash"),
+    ("search", "1:merge:1"),  # the exchange itself fails: even an expected error leaves it
+    ("search", "1:merge:2:crash"),
+    ("search", "0:write:3:crash"),  # rank 0 writing a query's rows
+    ("search", "0:write:crash"),  # rank 0 putting the output in place
+    ("align", "1:chunk:1:crash"),
+    ("align", "1:merge:2"),
+    ("align", "0:write:crash"),
+])
+def test_an_error_that_leaves_the_exchanges_is_reported_to_every_rank(files, tmp_path, command, spec):
+    """An exception that a rank's stage does not catch (as where a CUDA context broke: the rank cannot take
+    part in its next exchange) at each stage: reading, scoring, the exchange, rank 0's writing and its
+    final write. The rank sends its report through the run's store before it ends, and the others stop
+    with it: rank 0 says it once, every rank exits 1, the existing output is kept. An error the command
+    line does not expect also shows its traceback, on its own rank."""
+    _, paths = files
+    out = tmp_path / "out.tsv"
+    out.write_text("old\n")
+    argv = (search_argv if command == "search" else align_argv)(paths, "-o", str(out))
+    (first, out0, err0), (second, out1, err1) = by_hand(argv, tmp_path, {"SWCLI_FAIL_AT": spec})
+    assert first == second == 1 and out0 == out1 == ""
+    crash, where = spec.endswith(":crash"), spec[2:].removesuffix(":crash")
+    message = (CRASH if crash else ERROR).format(where)
+    if spec.startswith("0:"):
+        assert err0.startswith("Traceback") and err0.endswith(message + "\n") and err1 == ""
+    else:
+        assert err0 == f"swcli: error: rank 1: {message}\n"
+        assert err1.startswith("Traceback") and err1.endswith(message + "\n") if crash else err1 == ""
+    assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
+
+
+def test_an_error_that_leaves_the_exchanges_under_torchrun(files, tmp_path):
+    """The same through torchrun, whose agent stops the other ranks once one ends: the failing rank ends
+    only once the others have, so that rank 0 has said its error (not "interrupted")."""
+    _, paths = files
+    out = tmp_path / "out.tsv"
+    out.write_text("old\n")
+    run = torchrun(["-m", "swcli", *search_argv(paths, "-o", str(out))], tmp_path, {"SWCLI_FAIL_AT": "1:merge:1:crash"})
+    assert run.returncode != 0 and "interrupted" not in run.stderr
+    said = [line for line in run.stderr.splitlines() if line.startswith("swcli:")]
+    assert said == ["swcli: error: rank 1: " + CRASH.format("merge:1")]
+    assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("argv, spec", [(search_argv, "1:query:1:device"), (align_argv, "1:chunk:1:device")])
+def test_a_broken_cuda_context_on_one_rank_stops_every_rank(files, tmp_path, argv, spec):
+    """A device-side assert on rank 1's GPU: its CUDA context is broken, so in search it cannot take part
+    in the next NCCL exchange (it reports through the store); align's exchanges are on the host. Either
+    way rank 0 says it in one line, every rank exits 1, and the existing output is kept."""
+    _, paths = files
+    load_engine("cuda")  # built before the ranks start
+    out = tmp_path / "out.tsv"
+    out.write_text("old\n")
+    arguments = [a if a != "cpu" else "cuda" for a in argv(paths, "-o", str(out))]
+    (first, _, err0), (second, _, err1) = by_hand(arguments, tmp_path, {"SWCLI_FAIL_AT": spec})
+    assert first == second == 1 and "device-side assert triggered" in err1
+    said = [line for line in err0.splitlines() if line.startswith("swcli:")]  # among what torch may warn of
+    assert said == ["swcli: error: rank 1: RuntimeError: CUDA error: device-side assert triggered"]
+    assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.tsv"]
+
+
+def test_a_rank_that_dies_is_named_by_rank_0(files, tmp_path):
+    """Its connection closes: the others watch for a few heartbeats which rank stopped beating."""
+    _, paths = files
+    (first, _, err0), (second, _, err1) = by_hand(search_argv(paths), tmp_path, {"SWCLI_FAIL_AT": "1:query:1:exit"})
+    assert (first, second) == (1, 3) and err1 == ""
+    assert err0 == ("swcli: error: rank 1 stopped answering (its connection closed, and its process shows no sign of "
+                    "life: it may have died or been killed)\n")
+
+
+def test_a_rank_0_that_dies_is_named_by_rank_1(files, tmp_path):
+    """Started by hand, rank 0's process holds the run's store: the others lose it too, and rank 1 says so
+    (among torch's own warnings of the closed connection)."""
+    _, paths = files
+    out = tmp_path / "out.tsv"
+    out.write_text("old\n")
+    (first, _, err0), (second, _, err1) = by_hand(search_argv(paths, "-o", str(out)), tmp_path,
+                                                  {"SWCLI_FAIL_AT": "0:query:1:exit"})
+    assert (first, second) == (3, 1) and err0 == "" and out.read_text() == "old\n"
+    said = [line for line in err1.splitlines() if line.startswith("swcli:")]
+    assert said == ["swcli: error: rank 0 stopped answering (the run's store, which its process holds, does not answer: "
+                    "it may have died or been killed)"]
+
+
+@pytest.mark.parametrize("argv, spec", [
+    (search_argv, "1:query:1:hang"),  # at the exchange of a query's hits
+    (search_argv, "0:query:1,1:report:hang"),  # at the exchange of the failure reports
+    (lambda paths: align_argv(paths, "--format-output", "query,target,evalue", *STATISTICS), "1:broadcast:hang"),
+])
+def test_a_rank_that_hangs_is_named_within_seconds(files, tmp_path, argv, spec):
+    """A rank whose process stops (its heartbeat with it) while the others wait for it in an exchange,
+    polled or the exchange of objects: they stop once it has been silent for SWCLI_DISTRIBUTED_SILENCE
+    (here 3 s) and rank 0 names it."""
+    _, paths = files
+    (first, _, err0), (second, _, _) = by_hand(argv(paths), tmp_path,
+                                               {"SWCLI_FAIL_AT": spec, "SWCLI_DISTRIBUTED_SILENCE": "3"}, hung={1})
+    assert first == 1 and second is None
+    assert err0 == ("swcli: error: rank 1 stopped answering (no sign of life from its process for 3 s, "
+                    "SWCLI_DISTRIBUTED_SILENCE: it may have died or hung)\n")

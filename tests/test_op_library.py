@@ -37,23 +37,36 @@ def every_operator(device):
         (torch.ops.swcli.forward.default, (Sg, qlen, tlen, -1.0, 0.0, False), {}),
         (torch.ops.swcli.forward.default, (Sg.detach().double().requires_grad_(), qlen, tlen, -1.0, 0.7, False), {}),
     ]
-    if device.type == "cpu":  # the per-pair operators: CPU kernels only so far
-        gap = torch.linspace(-2.0, -0.5, 5)
-        temperature = torch.tensor([1.0, 0.5, 1.0, 0.0, 2.0])
-        Sd = Sg.detach().double().requires_grad_()
-        cases += [
-            (torch.ops.swcli.scores_per_pair.default, (S, qlen, tlen, gap, temperature), {}),
-            (torch.ops.swcli.posterior_per_pair.default, (Sg, None, None, gap.clone().requires_grad_(), temperature),
-             {}),
-            (torch.ops.swcli.posterior_per_pair.default, (Sd, qlen, tlen, gap.double(), temperature.double()), {}),
-            (torch.ops.swcli.affine_scores_per_pair.default, (S, qlen, tlen, gap - 1, gap, temperature), {}),
-            (torch.ops.swcli.affine_posterior_per_pair.default, (Sd, qlen, None, (gap - 1).double(), gap.double(),
-                                                                 temperature.double().add(0.5).requires_grad_()), {}),
-        ]
+    gap = torch.linspace(-2.0, -0.5, 5, device=device)
+    temperature = torch.tensor([1.0, 0.5, 1.0, 0.0, 2.0], device=device)
+    Sd = Sg.detach().double().requires_grad_()
+    cases += [  # the per-pair operators
+        (torch.ops.swcli.scores_per_pair.default, (S, qlen, tlen, gap, temperature), {}),
+        (torch.ops.swcli.posterior_per_pair.default, (Sg, None, None, gap.clone().requires_grad_(), temperature), {}),
+        (torch.ops.swcli.posterior_per_pair.default, (Sd, qlen, tlen, gap.double(), temperature.double()), {}),
+        (torch.ops.swcli.affine_scores_per_pair.default, (S, qlen, tlen, gap - 1, gap, temperature), {}),
+        (torch.ops.swcli.affine_posterior_per_pair.default, (Sd, qlen, None, (gap - 1).double(), gap.double(),
+                                                             temperature.double().add(0.5).requires_grad_()), {}),
+    ]
+    ones = torch.ones(5, device=device)
+    for t in (0.0, 0.7):  # the backward with the parameters' sums, from the forward's state
+        _, state, best, failed = torch.ops.swcli.forward(S, qlen, tlen, -1.0, t, False)
+        cases.append((torch.ops.swcli.backward_parameters.default,
+                      (ones, S, state, best, failed, qlen, tlen, -1.0, t, False), {}))
+        _, state, best, failed = torch.ops.swcli.affine_forward(S, qlen, tlen, -2.0, -0.5, t, False)
+        cases.append((torch.ops.swcli.affine_backward_parameters.default,
+                      (ones, S, state, best, failed, qlen, tlen, -2.0, -0.5, t, False), {}))
     if device.type == "cuda":
         wide = random_scores((3, 20, 200), seed=6, dtype=torch.float32, device=device).requires_grad_()
         cases.append((torch.ops.swcli.forward.default, (wide, None, None, -1.0, 1.0, True), {}))
         cases.append((torch.ops.swcli.empty_launch.default, (S,), {}))
+        ones = torch.ones(3, device=device)
+        _, kept, best_row, failed = torch.ops.swcli.forward(wide.detach(), None, None, -1.0, 1.0, True)
+        cases.append((torch.ops.swcli.backward_parameters.default,
+                      (ones, wide.detach(), kept, best_row, failed, None, None, -1.0, 1.0, True), {}))
+        _, kept, best_row, failed = torch.ops.swcli.affine_forward(wide.detach(), None, None, -2.0, -0.5, 1.0, True)
+        cases.append((torch.ops.swcli.affine_backward_parameters.default,
+                      (ones, wide.detach(), kept, best_row, failed, None, None, -2.0, -0.5, 1.0, True), {}))
     return cases
 
 

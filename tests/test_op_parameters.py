@@ -12,12 +12,10 @@ import swcli
 from swcli import ops
 from swcli.ops import soft_smith_waterman_codes
 from swcli.testing import (
-    cuda,
     parameter_gradients,
     random_lengths,
     random_scores,
     reference_gradient,
-    requires_cuda,
     window_mask,
 )
 
@@ -213,32 +211,6 @@ def test_bad_tensor_parameters_are_clear_errors(bad, message):
         ssw(S, **arguments)
 
 
-@cuda
-@requires_cuda
-@pytest.mark.parametrize("kind", KINDS)
-def test_cuda_tensor_parameters_name_the_missing_operator_or_match_the_cpu(kind):
-    """Until the CUDA engine registers the per-pair operators, tensor gaps on CUDA tensors raise, naming the
-    operator; once it does, its results must be the CPU engine's."""
-    S, qlen, tlen = padded_batch(seed=8750)
-    gaps = gap_values(kind, "per-pair")
-    t = temperature_value(0.5, "0-d", requires_grad=True)
-    op = "posterior_per_pair" if kind == "linear" else "affine_posterior_per_pair"
-    on_cuda = {name: value.detach().cuda().requires_grad_() for name, value in gaps.items()}
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{op}", "CUDA"):
-        ops.load_engine("cuda")
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"swcli::{op}", "CUDA"):
-        with pytest.raises(ValueError, match=f"need the operator swcli::{op}, which the CUDA engine does not"):
-            ssw(S.cuda(), temperature=t.detach().cuda(), query_lengths=qlen.cuda(), target_lengths=tlen.cuda(),
-                **on_cuda)
-        return
-    scores, grads = parameter_gradients(S.cuda(), on_cuda, t.detach().cuda().requires_grad_(), qlen.cuda(),
-                                        tlen.cuda())
-    cpu_scores, cpu = parameter_gradients(S, gaps, t, qlen, tlen)
-    torch.testing.assert_close(scores.cpu(), cpu_scores, rtol=0, atol=1e-9)
-    for name in cpu:
-        torch.testing.assert_close(grads[name].cpu(), cpu[name], rtol=0, atol=1e-9, msg=name)
-
-
 def test_codes_take_numbers_only():
     q = torch.zeros(2, 3, dtype=torch.uint8)
     with pytest.raises(ValueError, match="gap must be a finite number here, got a tensor"):
@@ -260,6 +232,107 @@ def test_engine_checks_per_pair_values_itself():
         torch.ops.swcli.affine_posterior_per_pair(S, None, None, good, torch.tensor([-1.0, 1.0, -1.0]).double(), t)
     with pytest.raises(RuntimeError, match=r"gap must be a floating-point CPU tensor of shape \(3,\)"):
         torch.ops.swcli.scores_per_pair(S, None, None, good[:2], t)
+
+
+# --------------------------------------------------------------------------------------------------
+# The eager gradient: the forward, then at backward time the engine's backward with the parameters' sums
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("form", ["0-d", "per-pair"])
+@pytest.mark.parametrize("t", [0.0, 0.6])
+def test_eager_gradients_equal_the_posterior_operators(kind, form, t):
+    # Two ways to the same gradients: the eager path (forward, then backward_parameters with the incoming
+    # gradient) and the posterior operators (the posterior and counts in the forward, scaled in Python).
+    S, qlen, tlen = padded_batch(seed=8950)
+    gaps = gap_values(kind, form)
+    temperature = temperature_value(t, form, requires_grad=t > 0)
+    grad_out = random_scores((B,), seed=8951)
+    results = {}
+    for path, node in (("eager", "_ParametersWithGradientBackward"), ("posterior", "_PosteriorWithGradientBackward")):
+        S_in = S.clone().requires_grad_()
+        inputs = {name: value.detach().clone().requires_grad_() for name, value in gaps.items()}
+        t_in = temperature.detach().clone().requires_grad_(t > 0)
+        out = ssw(S_in, temperature=t_in, query_lengths=qlen, target_lengths=tlen, return_posterior=path == "posterior",
+                  **inputs)
+        scores = out[0] if path == "posterior" else out
+        assert type(scores.grad_fn).__name__ == node
+        wrt = [S_in, *inputs.values()] + ([t_in] if t > 0 else [])
+        results[path] = (scores.detach(), torch.autograd.grad((scores * grad_out).sum(), wrt))
+    torch.testing.assert_close(results["eager"][0], results["posterior"][0], rtol=0, atol=1e-12)
+    for eager, posterior in zip(results["eager"][1], results["posterior"][1]):
+        torch.testing.assert_close(eager, posterior, rtol=0, atol=1e-10)
+
+
+def test_backward_parameters_sums_are_the_gap_counts_and_the_inner_product():
+    ops.load_engine("cpu")
+    S, qlen, tlen = padded_batch(seed=8960)
+    grad_out = random_scores((B,), seed=8961)
+    for t in (0.0, 0.7):
+        gap, open_, extend, temperature = (torch.full((B,), x, dtype=torch.float64) for x in (-0.8, -2.0, -0.5, t))
+        _, state, best, failed = torch.ops.swcli.forward(S, qlen, tlen, -0.8, t, False)
+        grad_S, sums = torch.ops.swcli.backward_parameters(grad_out, S, state, best, failed, qlen, tlen, -0.8, t,
+                                                           False)
+        assert torch.equal(grad_S, torch.ops.swcli.backward(grad_out, S, state, best, failed, qlen, tlen, -0.8, t,
+                                                            False))
+        _, posterior, count = torch.ops.swcli.posterior_per_pair(S, qlen, tlen, gap, temperature)
+        assert sums.shape == (2, B)
+        torch.testing.assert_close(sums[0], grad_out * count, rtol=0, atol=1e-12)
+        torch.testing.assert_close(sums[1], (torch.where(grad_S == 0, 0, S * grad_S)).sum(dim=(1, 2)), rtol=0,
+                                   atol=1e-12)
+        _, state, best, failed = torch.ops.swcli.affine_forward(S, qlen, tlen, -2.0, -0.5, t, False)
+        grad_S, sums = torch.ops.swcli.affine_backward_parameters(grad_out, S, state, best, failed, qlen, tlen, -2.0,
+                                                                  -0.5, t, False)
+        _, _, opened, extended = torch.ops.swcli.affine_posterior_per_pair(S, qlen, tlen, open_, extend, temperature)
+        assert sums.shape == (3, B)
+        torch.testing.assert_close(sums[:2], torch.stack([grad_out * opened, grad_out * extended]), rtol=0, atol=1e-12)
+        torch.testing.assert_close(sums[2], (torch.where(grad_S == 0, 0, S * grad_S)).sum(dim=(1, 2)), rtol=0,
+                                   atol=1e-12)
+
+
+def test_groups_of_equal_values():
+    host = torch.tensor([[-1.0, 1.0], [-1.0, 1.0], [-1.0, 1.0]], dtype=torch.float64)
+    assert ops._groups(host, "cpu") == [(None, (-1.0, 1.0))]  # one value: the batch as it is, no copy
+    host = torch.tensor([[-1.0, 1.0], [-2.0, 1.0], [-1.0, 1.0], [-1.0, 0.5]], dtype=torch.float64)
+    groups = {key: index.tolist() for index, key in ops._groups(host, "cpu")}
+    assert groups == {(-2.0, 1.0): [1], (-1.0, 0.5): [3], (-1.0, 1.0): [0, 2]}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pattern", ["one value", "repeated", "distinct"])
+def test_kernels_by_groups_equal_the_cpu_engines(kind, pattern):
+    # The CUDA engine's per-pair kernels are the engine operators with numbers, run by groups: on CPU
+    # tensors they run the CPU engine's operators and must give the CPU kernels' results, bit for bit.
+    S, qlen, tlen = padded_batch(seed=8970)
+    index = {"one value": [0] * B, "repeated": [0, 1, 0, 2, 1, 0], "distinct": list(range(B))}[pattern]
+    values = [value.detach()[index] for value in gap_values(kind, "per-pair").values()]
+    values.append(torch.tensor([1.0, 0.5, 0.0, 0.3, 2.0, 0.7]).double()[index])
+    posterior_op = torch.ops.swcli.posterior_per_pair if kind == "linear" else torch.ops.swcli.affine_posterior_per_pair
+    scores_op = torch.ops.swcli.scores_per_pair if kind == "linear" else torch.ops.swcli.affine_scores_per_pair
+    for got, expected in zip(ops._posterior_per_pair_by_groups(S, qlen, tlen, *values),
+                             posterior_op(S, qlen, tlen, *values)):
+        assert torch.equal(got, expected)
+    assert torch.equal(ops._scores_per_pair_by_groups(S, qlen, tlen, *values), scores_op(S, qlen, tlen, *values))
+
+
+def test_kernels_by_groups_check_values_as_the_cpu_engine():
+    """The CUDA kernels' checks, run here on CPU tensors: the CPU engine's messages, the pair named."""
+    S = random_scores((3, 4, 5), seed=8800)
+    good, t = torch.full((3,), -1.0, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    for kernel in (ops._posterior_per_pair_by_groups, ops._scores_per_pair_by_groups):
+        with pytest.raises(RuntimeError, match=r"temperature\[1\] must be a finite number >= 0, got -1"):
+            kernel(S, None, None, good, torch.tensor([1.0, -1.0, 1.0]).double())
+        with pytest.raises(RuntimeError, match=r"gap\[2\] must be a finite number, got inf"):
+            kernel(S, None, None, torch.tensor([-1.0, -1, math.inf]).double(), t)
+        with pytest.raises(RuntimeError, match=r"gap_open\[0\] must be <= gap_extend\[0\], got -0.5 > -1"):
+            kernel(S, None, None, torch.full((3,), -0.5).double(), good, t)
+        with pytest.raises(RuntimeError, match=r"gap_extend\[1\] must be a finite number <= 0, got 1"):
+            kernel(S, None, None, good, torch.tensor([-1.0, 1.0, -1.0]).double(), t)
+        with pytest.raises(RuntimeError, match=r"gap must be a floating-point tensor of shape \(3,\) on the scores'"):
+            kernel(S, None, None, good[:2], t)
+        # an empty batch reads nothing
+        empty = kernel(S[:0], None, None, good[:0], t[:0])
+        assert (empty[0] if isinstance(empty, tuple) else empty).shape == (0,)
 
 
 # --------------------------------------------------------------------------------------------------

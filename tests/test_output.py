@@ -216,6 +216,29 @@ def test_dev_null_stays_a_character_device():
     assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev and after.st_ino == before.st_ino
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_a_full_device_is_one_error_not_a_traceback(tmp_path):
+    """/dev/full fails every write as a full disk does (ENOSPC): the rows, the header alone, stdout."""
+    import subprocess
+    import sys
+
+    for rows in (1, 0):
+        with pytest.raises(SwcliError, match=r"^/dev/full: cannot write output \(No space left on device\)$"):
+            with TsvWriter("/dev/full") as writer:
+                for _ in range(rows):
+                    writer.write("q", "t", 1, 1, 2.5)
+    with pytest.raises(ValueError, match="^an error already on its way$"):  # it is the one raised
+        with TsvWriter("/dev/full") as writer:
+            raise ValueError("an error already on its way")
+    fasta = tmp_path / "pairs.fa"
+    fasta.write_text(">a\nMKVL\n>b\nMKIL\n")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "swcli", "align", str(fasta), "--backend", "reference"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr == "swcli: error: stdout: cannot write output (No space left on device)\n"
+
+
 def test_a_character_device_is_written_directly(tmp_path):
     node = tmp_path / "null"
     try:

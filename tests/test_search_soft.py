@@ -178,7 +178,8 @@ def test_the_settings_keep_a_steps_growth_and_the_floor_in_range():
     g = 2.0 ** (-4 * c)
     assert (1 + largest + g) / (1 - g) + 1 <= 2.0 ** (127 - linear["upper"] - 1)
     assert 2.0 ** (-126) * largest <= 2.0 ** (-26 - linear["floor"])
-    assert linear["middle"] == linear["upper"] - SoftSearch.DROP and linear["lower"] == linear["middle"] - SoftSearch.RISE
+    assert linear["middle"] == linear["upper"] - SoftSearch.DROP
+    assert linear["lower"] == linear["middle"] - SoftSearch.RISE
     assert linear["bound"] >= 1 / (1 - 2 * g)
     affine = SoftSearch.plan(S, 1.0, **AFFINE)
     assert affine["upper"] + math.ceil(11 * c) < linear["upper"] + 1

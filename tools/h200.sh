@@ -4,13 +4,19 @@
 #     build      compile and load the CUDA engine, print the GPU
 #     test       the fast GPU suite: pytest -m "cuda and not slow" (stops at the first failure)
 #     test-slow  the long GPU sweeps: pytest -m "cuda and slow"
+#     dist-test  tests/test_distributed.py whole (its runs of 2 ranks, CPU and CUDA): its NCCL failure tests
+#                need 2 GPUs (nvidia-h200-x2) and skip on one; about 3 minutes
 #     gpu-all    every test, on 14 workers
 #     bench      swcli bench --backend cuda --json (kept as $OUT/bench.json), printed as a table
 #     fuzz       benchmarks/fuzz_scaled.py cuda ($FUZZ_CONFIGS configurations, default 120)
 #     log-pairs  benchmarks/log_space_pairs.py: pairs the scaled sweep hands to log space
 #     floor      benchmarks/gradient_floor.py: the memory floor of a recomputing gradient
 #     affine-widths  benchmarks/affine_gradient_widths.py: the affine gradient by rows against the state's path
-#     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family
+#     learnable  forward + backward with the gaps' and the temperature's gradients against S's alone, 8192 x 256 x 256
+#                (benchmarks/profile_workloads.py learnable), linear -1 and affine -12/-1, t = 1
+#     long-pairs benchmarks/long_pairs.py: 35,000 x 35,000 and 12,000 x 10,000 by tiles (forward; forward + backward)
+#                beside one warp per pair, and both paths around the automatic choice's limits (kept as $OUT/long_pairs.json)
+#     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family (the search's too)
 #     e2e        swcli align on $E2E_PAIRS (1,000,000) real pairs, then bench's end-to-end rows
 #     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency)
 #     steps      seed-shaped batches of growing size in graph replay (benchmarks/profile_workloads.py steps)
@@ -50,6 +56,9 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
     test-slow)
       timeout ${SLOW_TEST_LIMIT:-540} python3 -m pytest -q -m "cuda and slow" -p no:cacheprovider --durations=8 tests 2>&1 \
         | tee "$OUT/test_cuda_slow.log" | tail -25 ;;
+    dist-test)
+      timeout ${DIST_TEST_LIMIT:-540} python3 -m pytest -q -p no:cacheprovider -rs --durations=8 tests/test_distributed.py \
+        2>&1 | tee "$OUT/test_distributed.log" | tail -25 ;;
     gpu-all)
       timeout 480 python3 -m pytest -q -p no:cacheprovider -n 14 --durations=15 tests 2>&1 | tee "$OUT/test_all.log" | tail -25 ;;
     bench)
@@ -65,6 +74,10 @@ print(f'CUDA engine built and loaded in {time.time() - t:.1f} s, torch {torch.__
       python3 benchmarks/gradient_floor.py 2>&1 | tee "$OUT/floor.txt" ;;
     affine-widths)
       python3 benchmarks/affine_gradient_widths.py 2>&1 | tee "$OUT/affine_widths.txt" ;;
+    learnable)
+      timeout 300 python3 benchmarks/profile_workloads.py learnable 2>&1 | tee "$OUT/learnable.txt" ;;
+    long-pairs)
+      timeout 500 python3 benchmarks/long_pairs.py --out "$OUT/long_pairs.json" 2>&1 | tee "$OUT/long_pairs.txt" ;;
     sanitize)
       # PYTORCH_NO_CUDA_MEMORY_CACHING only for the sanitizer's runs: later stages capture CUDA graphs,
       # which cannot allocate outside the caching allocator
@@ -121,19 +134,51 @@ for temp in (0.0, 1.0):
     for lanes in (1, 4, 8):
         torch.ops.swcli.affine_scores_codes(codes_q, codes_t, torch.randn(24, 24).cuda(), qlen.cuda(), tlen.cuda(),
                                             -11.0, -1.0, temp, lane_columns=lanes)
-# the search kernels: one query against blocks of one tile and of several (edge buffers), odd batches, a
-# target of length 0; the soft one linear and affine (t = 1), the exact one at t = 0
+# tensor gaps and temperature with gradients (the backward kernels' SUMS instantiations): the table and the
+# traceback at t = 0, distinct values (a group a pair), the rows with lengths and full, the affine state
+# (past 256 columns) and rows
+for B, M, N, lengths, distinct in ((5, 37, 70, True, True), (64, 40, 256, False, False), (40, 30, 200, True, False),
+                                   (6, 20, 300, False, False)):
+    S = torch.randn(B, M, N, generator=g).cuda().requires_grad_()
+    q = torch.randint(0, M + 1, (B,), generator=g).cuda() if lengths else None
+    tl = torch.randint(0, N + 1, (B,), generator=g).cuda() if lengths else None
+    for temp in (0.0, 1.0):
+        t = torch.tensor(temp, device="cuda", requires_grad=temp > 0)
+        gap = (torch.linspace(-2.0, -0.5, B) if distinct else torch.tensor(-1.0)).cuda().requires_grad_()
+        swcli.soft_smith_waterman(S, gap, t, q, tl).sum().backward()
+        swcli.soft_smith_waterman(S, None, t, q, tl, gap_open=gap - 2.0, gap_extend=-0.5).sum().backward()
+# the exact 16-bit search kernel: tile shapes from 64 to past 1024 columns, short and odd queries, linear and
+# affine, and a matrix whose self-matches pass int16 (flagged pairs)
 from swcli.scoring import load_matrix
-from swcli.search import Block, ExactSearch, SoftSearch
-blosum = load_matrix("BLOSUM62").tensor().cuda()
+from swcli.search import Block, ExactSearch
+B62 = load_matrix("BLOSUM62").tensor(device="cuda")
+for width, M in ((64, 1), (200, 33), (513, 300), (1100, 77)):
+    tl = torch.randint(0, width + 1, (300,), generator=g).sort(descending=True).values; tl[0] = width
+    codes_t = torch.randint(0, 24, (300, width), generator=g, dtype=torch.uint8).cuda()
+    query = torch.randint(0, 24, (M,), generator=g, dtype=torch.uint8).cuda()
+    for gaps in ((-4, -4), (-11, -1)):
+        ExactSearch(B62, *gaps).scores(query, Block(codes_t, tl.cuda(), torch.zeros_like(tl).cuda()))
+big = torch.full((24, 24), -3.0, device="cuda"); big.fill_diagonal_(1000.0)
+ExactSearch(big, -4, -4).scores(codes_t[0, :40].contiguous(), Block(codes_t[:, :40].contiguous(),
+                                torch.full((300,), 40, device="cuda"), torch.zeros(300, dtype=torch.int64).cuda()))
+# tiles of long pairs (lane_columns -1 at a small size): partial tiles, lengths, rows of S unaligned (270) and
+# aligned (272), t = 0 and 1, forward and backward
+for N in (270, 272):
+    S = torch.randn(2, 300, N, generator=g).cuda()
+    q, tl = torch.tensor([300, 140]).cuda(), torch.tensor([N, 131]).cuda()
+    for temp in (0.0, 1.0):
+        _, state, best, failed = torch.ops.swcli.forward(S, q, tl, -1.0, temp, False, lane_columns=-1)
+        torch.ops.swcli.backward(torch.ones(2).cuda(), S, state, best, failed, q, tl, -1.0, temp, False, lane_columns=-1)
+# the soft search kernel: one query against blocks of one tile and of several (edge buffers), odd batches,
+# a target of length 0, linear and affine, t = 1
+from swcli.search import SoftSearch
 for width, count in ((50, 9), (700, 33), (2100, 5)):
     targets = torch.randint(0, 24, (count, width), generator=g, dtype=torch.uint8).cuda()
     lengths = torch.randint(0, width + 1, (count,), generator=g).cuda(); lengths[0] = width; lengths[-1] = 0
     block = Block(targets, lengths, torch.zeros_like(lengths))
     query = torch.randint(0, 24, (45,), generator=g, dtype=torch.uint8).cuda()
     for gaps in ((-4.0, None, None), (None, -11.0, -1.0)):
-        SoftSearch.of(blosum, 1.0, *gaps).scores(query, block)
-        ExactSearch.of(blosum, 0.0, *gaps).scores(query, block)
+        SoftSearch.of(B62, 1.0, *gaps).scores(query, block)
 torch.cuda.synchronize(); print("small case done")
 PY
       for tool in memcheck racecheck; do

@@ -532,6 +532,28 @@ at::Tensor affine_dense_backward(const at::Tensor& grad_scores, const at::Tensor
   return grad_S;
 }
 
+// <S[b], grad_S[b]> (B,) over the cells where grad_S is not 0: S outside the lengths (arbitrary, NaN
+// included) or a -inf where nothing flows never meets a 0.
+at::Tensor inner_products(const at::Tensor& S, const at::Tensor& grad_S) {
+  return at::where(grad_S != 0, S * grad_S, at::zeros({}, S.options())).sum({1, 2});
+}
+
+// (grad_S, sums (2, B)): backward_cpu and, per pair, grad_scores times d score / d gap and <S, grad_S>,
+// what the gradients of the gap and the temperature take (swcli/ops.py).
+std::tuple<at::Tensor, at::Tensor> op_backward_parameters(const at::Tensor& grad_scores, const at::Tensor& S,
+                                                          const at::Tensor& state, const at::Tensor& /*best*/,
+                                                          const at::Tensor& /*failed*/,
+                                                          const std::optional<at::Tensor>& query_lengths,
+                                                          const std::optional<at::Tensor>& target_lengths,
+                                                          double gap, double temperature, bool by_rows,
+                                                          int64_t lane_columns) {
+  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
+  check_lane_columns(lane_columns);
+  at::Tensor grad_gap;
+  at::Tensor grad_S = dense_backward(grad_scores, S, state, query_lengths, target_lengths, gap, temperature, &grad_gap);
+  return {grad_S, at::stack({grad_gap, inner_products(S, grad_S)})};
+}
+
 // grad_S (B, M, N) from op_affine_forward's state; best and failed are the CUDA engine's and unused here.
 at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
                               const at::Tensor& /*best*/, const at::Tensor& /*failed*/,
@@ -542,6 +564,21 @@ at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S
   check_lane_columns(lane_columns);
   return affine_dense_backward(grad_scores, S, state, query_lengths, target_lengths, gap_open, gap_extend,
                                temperature, nullptr, nullptr);
+}
+
+// (grad_S, sums (3, B)): op_affine_backward and, per pair, grad_scores times d score / d gap_open and
+// d score / d gap_extend, and <S, grad_S>.
+std::tuple<at::Tensor, at::Tensor> op_affine_backward_parameters(
+    const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state, const at::Tensor& /*best*/,
+    const at::Tensor& /*failed*/, const std::optional<at::Tensor>& query_lengths,
+    const std::optional<at::Tensor>& target_lengths, double gap_open, double gap_extend, double temperature,
+    bool by_rows, int64_t lane_columns) {
+  TORCH_CHECK(!by_rows, "the gradient by rows is a CUDA scheme: on the CPU by_rows must be false");
+  check_lane_columns(lane_columns);
+  at::Tensor grad_open, grad_extend;
+  at::Tensor grad_S = affine_dense_backward(grad_scores, S, state, query_lengths, target_lengths, gap_open, gap_extend,
+                                            temperature, &grad_open, &grad_extend);
+  return {grad_S, at::stack({grad_open, grad_extend, inner_products(S, grad_S)})};
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -717,6 +754,8 @@ TORCH_LIBRARY_IMPL(swcli, CPU, m) {
   m.impl("affine_scores_codes", &swcli_cpu::op_affine_scores_codes);
   m.impl("affine_forward", &swcli_cpu::op_affine_forward);
   m.impl("affine_backward", &swcli_cpu::op_affine_backward);
+  m.impl("backward_parameters", &swcli_cpu::op_backward_parameters);
+  m.impl("affine_backward_parameters", &swcli_cpu::op_affine_backward_parameters);
   m.impl("scores_per_pair", &swcli_cpu::op_scores_per_pair);
   m.impl("posterior_per_pair", &swcli_cpu::op_posterior_per_pair);
   m.impl("affine_scores_per_pair", &swcli_cpu::op_affine_scores_per_pair);

@@ -119,9 +119,13 @@ __device__ __forceinline__ A flow(A adjoint, A weight) {
   return adjoint != A(0) ? adjoint * weight : A(0);
 }
 
-template <typename A, int MODE>
+//
+// extended (EXTENSIONS only): what flows along the two extension edges, from X to its right and from Y
+// below, the part of d score / d gap_extend of this cell (d score / d gap_open being what enters X and Y,
+// ex_out + ey_out, less it).
+template <typename A, int MODE, bool EXTENSIONS = false>
 __device__ __forceinline__ void affine_adjoint(A m, A x, A y, A eh, A exn, A eyn, const AffineConsts<A>& k, A& em_out,
-                                               A& ex_out, A& ey_out) {
+                                               A& ex_out, A& ey_out, A* extended = nullptr) {
   if constexpr (MODE == kShared) {
     // The weights share the forward's powers: a term's weight in H is its power over H's sum, in Xn
     // its power times O or E over Xn's sum. No logarithm: 4 ex2 and 3 reciprocals.
@@ -137,6 +141,7 @@ __device__ __forceinline__ void affine_adjoint(A m, A x, A y, A eh, A exn, A eyn
     em_out = flow(em, a + k.O * (bx + by));
     ex_out = flow(ex, a + k.E * bx + k.O * by);
     ey_out = flow(ey, a + k.O * bx + k.E * by);
+    if (EXTENSIONS) *extended = flow(bx, k.E * ex) + flow(by, k.E * ey);
   } else {
     // Each soft maximum relative to its own largest term: weight 2^((term - max) c) / sum.
     const A mo = m + k.o;
@@ -155,6 +160,7 @@ __device__ __forceinline__ void affine_adjoint(A m, A x, A y, A eh, A exn, A eyn
     em_out = flow(eh, hm) + flow(exn, xm) + flow(eyn, ym);
     ex_out = flow(eh, hx) + flow(exn, xx) + flow(eyn, yx);
     ey_out = flow(eh, hy) + flow(exn, xy) + flow(eyn, yy);
+    if (EXTENSIONS) *extended = flow(exn, xx) + flow(eyn, yy);
   }
 }
 

@@ -16,6 +16,12 @@
 // t = 0 (affine_traceback_kernel): the indicator of one optimal alignment, a traceback from the best cell
 // with the CPU engine's tie rules (kernels/cpu/affine_backward.cpp): each state takes the first of its
 // terms equal to it in the order start, match, Y, X.
+//
+// SUMS (affine_backward_parameters): each pair also gets, in a (3, B) array, g times d score / d gap_open
+// and d gap_extend, and <S, grad_S>. A gap state's terms hold o once (start, M, the other gap) or e once
+// (itself) and their weights sum to 1, so d / d e is what flows along extension edges and d / d o all
+// that enters X and Y (E_X + E_Y over the cells) less that; the traceback counts its openings and
+// extensions (tests/test_parameter_sums_model.py models both).
 #include "affine.cuh"
 #include "dispatch.cuh"
 
@@ -34,11 +40,12 @@ __device__ __forceinline__ void zero_unswept(A* Gb, int64_t M, int64_t N, int tn
     for (int j = (i < rows_swept ? cols_swept : 0) + lane; j < N; j += kWarp) Gb[int64_t(i) * N + j] = A(0);
 }
 
-template <typename A, int R, int MODE>
+template <typename A, int R, int MODE, bool SUMS>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     affine_backward_kernel(const A* grad_scores, const A* state, int64_t plane, const int64_t* best_at,
                            const int64_t* qlen, const int64_t* tlen, const int64_t* order, A* grad_S,
-                           Pair2<A>* boundary, AffineConsts<A> k, int64_t B, int64_t M, int64_t N) {
+                           Pair2<A>* boundary, const A* S, A* sums, AffineConsts<A> k, int64_t B, int64_t M,
+                           int64_t N) {
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;
   const int lane = threadIdx.x % kWarp;
@@ -57,6 +64,8 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   Pair2<A>* const bnd = boundary ? boundary + b * M : nullptr;
   const int last_tile = bj / kTileCols, rows = bi + 1;
   const Pair2<A> nothing = pair2(A(0), A(0));
+  PairSums<A, 3> sum;  // SUMS: what enters the gap states, the extension flow (not yet times g), <S, grad_S>
+  const A* const Sb = SUMS ? S + b * M * N : nullptr;
   for (int tile = last_tile; tile >= 0; --tile) {
     const int c0 = tile * kTileCols, col = c0 + lane * R;
     const int width = tn - c0 < kTileCols ? tn - c0 : kTileCols;
@@ -112,13 +121,18 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
           A eh = diag;
           diag = carry_m[r];
           if (tile == last_tile && i == bi && col + r == bj) eh += A(1);
-          A em = A(0), ex = A(0), ey = A(0);
+          A em = A(0), ex = A(0), ey = A(0), extended = A(0);
           if (r < valid)  // columns past the target take no flow and pass none on
-            affine_adjoint<A, MODE>(m[r], x[r], y[r], eh, exn, carry_y[r], k, em, ex, ey);
+            affine_adjoint<A, MODE, SUMS>(m[r], x[r], y[r], eh, exn, carry_y[r], k, em, ex, ey, &extended);
           carry_m[r] = em;
           carry_y[r] = ey;
           exn = ex;
           g[r] = grad * em;
+          if (SUMS && r < valid) {
+            sum.part[0] += ex + ey;
+            sum.part[1] += extended;
+            sum.add_flow(2, g[r], __ldg(Sb + int64_t(i) * N + col + r));
+          }
         }
         send_x = exn;
         send_m = below_m0;
@@ -129,13 +143,19 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     }
     __syncwarp();  // lane 0's boundary writes are visible to the rightmost lane in the next tile
   }
+  if (SUMS) {  // g times the flows; 0 where g is 0, whatever they are (a NaN in S), as on the CPU
+    const A into = sum.part[0], extended = sum.part[1];
+    sum.part[0] = grad == A(0) ? A(0) : grad * (into - extended);
+    sum.part[1] = grad == A(0) ? A(0) : grad * extended;
+    sum.add_to(sums, B, b);
+  }
 }
 
-template <typename A, int R>
+template <typename A, int R, bool SUMS>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     affine_traceback_kernel(const A* grad_scores, const A* state, int64_t plane, const int64_t* best_at,
                             const int64_t* qlen, const int64_t* tlen, const int64_t* order, A* grad_S,
-                            AffineConsts<A> k, int64_t B, int64_t M, int64_t N) {
+                            const A* S, A* sums, AffineConsts<A> k, int64_t B, int64_t M, int64_t N) {
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;
   const int lane = threadIdx.x % kWarp;
@@ -160,8 +180,10 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   auto match = [&](int i, int j) { return value(0, i, j); };
   auto gap_x = [&](int i, int j) { return value(1, i, j); };
   auto gap_y = [&](int i, int j) { return value(2, i, j); };
+  A opened = A(0), extended = A(0), inner = A(0);  // SUMS: the walk's openings, extensions, S at its matches
   auto take_match = [&](int& i, int& j) {  // the gradient of M[i][j], then H of the cell above-left
     Gb[int64_t(i - 1) * N + (j - 1)] = grad;
+    if (SUMS && grad != A(0)) inner += grad * S[b * M * N + int64_t(i - 1) * N + (j - 1)];
     --i, --j;
   };
   const A o = k.o, e = k.e;
@@ -184,54 +206,67 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
       }
     } else if (state_now == kX) {  // from column j-1
       const A x = gap_x(i, j);
-      if (x == o) break;
+      if (x == o) {
+        opened += A(1);
+        break;
+      }
       if (match(i, j - 1) + o == x) {
-        --j, state_now = kH;
+        --j, state_now = kH, opened += A(1);
         take_match(i, j);
       } else if (gap_y(i, j - 1) + o == x) {
-        --j, state_now = kY;
+        --j, state_now = kY, opened += A(1);
       } else if (gap_x(i, j - 1) + e == x) {
-        --j;
+        --j, extended += A(1);
       } else {
         break;
       }
     } else {  // Y, from row i-1
       const A y = gap_y(i, j);
-      if (y == o) break;
+      if (y == o) {
+        opened += A(1);
+        break;
+      }
       if (match(i - 1, j) + o == y) {
-        --i, state_now = kH;
+        --i, state_now = kH, opened += A(1);
         take_match(i, j);
       } else if (gap_y(i - 1, j) + e == y) {
-        --i;
+        --i, extended += A(1);
       } else if (gap_x(i - 1, j) + o == y) {
-        --i, state_now = kX;
+        --i, state_now = kX, opened += A(1);
       } else {
         break;
       }
     }
   }
+  if (SUMS) {  // lane 0 alone: its own sums, each times g (0 where g is 0)
+    atomicAdd(sums + b, grad == A(0) ? A(0) : grad * opened);
+    atomicAdd(sums + B + b, grad == A(0) ? A(0) : grad * extended);
+    atomicAdd(sums + 2 * B + b, inner);
+  }
 }
 
 template <typename A>
 cudaError_t affine_backward_any(const Problem& pr, const A* grad_scores, const A* state, const int64_t* best_at,
-                                A* grad_S, A* boundary, double o, double e, double t, int lane_columns,
-                                cudaStream_t stream) {
+                                A* grad_S, A* boundary, const A* S, A* sums, double o, double e, double t,
+                                int lane_columns, cudaStream_t stream) {
   if (pr.B == 0) return cudaSuccess;
   const AffineConsts<A> k = affine_consts<A>(o, e, t);
   const int mode = affine_mode<A>(o, t);
   const int blocks = blocks_for(pr.B), threads = kWarp * kWarpsPerBlock;
   return SWCLI_COLUMNS_1_4_SWITCH(lane_columns, R, [&] {
     const int64_t plane = pr.B * pr.M * table_columns(pr.N, R);
-    if (mode == kHard) {
-      affine_traceback_kernel<A, R><<<blocks, threads, 0, stream>>>(grad_scores, state, plane, best_at, pr.qlen,
-                                                                   pr.tlen, pr.order, grad_S, k, pr.B, pr.M, pr.N);
-      return cudaGetLastError();
-    }
-    return SWCLI_BOOL_SWITCH(mode == kShared, SHARED, [&] {
-      affine_backward_kernel<A, R, SHARED ? kShared : kSeparate><<<blocks, threads, 0, stream>>>(
-          grad_scores, state, plane, best_at, pr.qlen, pr.tlen, pr.order, grad_S,
-          reinterpret_cast<Pair2<A>*>(boundary), k, pr.B, pr.M, pr.N);
-      return cudaGetLastError();
+    return SWCLI_BOOL_SWITCH(sums != nullptr, SUMS, [&] {
+      if (mode == kHard) {
+        affine_traceback_kernel<A, R, SUMS><<<blocks, threads, 0, stream>>>(
+            grad_scores, state, plane, best_at, pr.qlen, pr.tlen, pr.order, grad_S, S, sums, k, pr.B, pr.M, pr.N);
+        return cudaGetLastError();
+      }
+      return SWCLI_BOOL_SWITCH(mode == kShared, SHARED, [&] {
+        affine_backward_kernel<A, R, SHARED ? kShared : kSeparate, SUMS><<<blocks, threads, 0, stream>>>(
+            grad_scores, state, plane, best_at, pr.qlen, pr.tlen, pr.order, grad_S,
+            reinterpret_cast<Pair2<A>*>(boundary), S, sums, k, pr.B, pr.M, pr.N);
+        return cudaGetLastError();
+      });
     });
   });
 }
@@ -240,15 +275,17 @@ cudaError_t affine_backward_any(const Problem& pr, const A* grad_scores, const A
 }  // namespace swcli_cuda
 
 cudaError_t sw_cuda_affine_backward_f32(const Problem& pr, const float* grad_scores, const float* state,
-                                        const int64_t* best_at, float* grad_S, float* boundary, double gap_open,
-                                        double gap_extend, double t, int lane_columns, cudaStream_t stream) {
-  return swcli_cuda::affine_backward_any<float>(pr, grad_scores, state, best_at, grad_S, boundary, gap_open,
-                                                gap_extend, t, lane_columns, stream);
+                                        const int64_t* best_at, float* grad_S, float* boundary, const float* S,
+                                        float* sums, double gap_open, double gap_extend, double t, int lane_columns,
+                                        cudaStream_t stream) {
+  return swcli_cuda::affine_backward_any<float>(pr, grad_scores, state, best_at, grad_S, boundary, S, sums,
+                                                gap_open, gap_extend, t, lane_columns, stream);
 }
 
 cudaError_t sw_cuda_affine_backward_f64(const Problem& pr, const double* grad_scores, const double* state,
-                                        const int64_t* best_at, double* grad_S, double* boundary, double gap_open,
-                                        double gap_extend, double t, int lane_columns, cudaStream_t stream) {
-  return swcli_cuda::affine_backward_any<double>(pr, grad_scores, state, best_at, grad_S, boundary, gap_open,
-                                                 gap_extend, t, lane_columns, stream);
+                                        const int64_t* best_at, double* grad_S, double* boundary, const double* S,
+                                        double* sums, double gap_open, double gap_extend, double t,
+                                        int lane_columns, cudaStream_t stream) {
+  return swcli_cuda::affine_backward_any<double>(pr, grad_scores, state, best_at, grad_S, boundary, S, sums,
+                                                 gap_open, gap_extend, t, lane_columns, stream);
 }

@@ -22,6 +22,12 @@
 // adjoint of a row needs H and Mt of that row only, and from the row below w and a(Y). Values are stored
 // in the lane's scale 2^-sigma and adjoints in 2^+sigma (their products are scale-free), as in rows.cuh.
 // Every term is positive: nothing cancels (Mt is kept, not taken as H - X - Y - 1).
+//
+// SUMS (affine_backward_parameters): the band also keeps Y, and each cell adds what enters its gap states,
+// a(X) X + a(Y) Y (their log-space adjoints), and what flows along the extension edges out of it,
+// a(X[i][j+1]) E X + a(Y[i+1][j]) E Y, with X = H - 1 - Mt - Y (its rounding, 2^-24 H, is 2^-24 of the
+// adjoint of H in the sums), and S w; S comes again from L2, as in the linear backward
+// (tests/test_parameter_sums_model.py models it).
 #include "affine.cuh"
 #include "dispatch.cuh"
 #include "rows.cuh"
@@ -31,9 +37,12 @@ namespace {
 
 // A kept row: H and Y of the lanes (each as rows.cuh's kept row lays out 8 values), then their sigma.
 inline constexpr int kAffineKeptRowFloats = 2 * kWarp * kRowCols + kWarp;
-// Warps per block of the backward: its shared memory (AffineBand, 17 KB a warp) stays under the 48 KB
-// of a static allocation.
-inline constexpr int kAffineRowsWarps = 2;
+// Warps per block of the backward: its shared memory (AffineBand, 17 KB a warp; 25 KB with SUMS) stays
+// under the 48 KB of a static allocation.
+template <bool SUMS>
+__host__ __device__ constexpr int affine_rows_warps() {
+  return SUMS ? 1 : 2;
+}
 
 // The row scan's constants (RowConsts with G = E) and the open factor.
 struct AffineRowConsts {
@@ -158,11 +167,14 @@ __device__ __forceinline__ void load_affine_kept_row(const float* kept, float (&
 }
 
 // Shared memory of the backward, per warp: a band's rows of H and Mt, and their sigma (16-byte accesses
-// in halves of 4 values, as BandRows in rows.cuh).
+// in halves of 4 values, as BandRows in rows.cuh); with SUMS also of Y.
 struct AffineBand {
   float4 h[kBandRows][2][kWarp];
   float4 m[kBandRows][2][kWarp];
   int sig[kBandRows][kWarp];
+};
+struct AffineBandWithY : AffineBand {
+  float4 y[kBandRows][2][kWarp];
 };
 
 __device__ __forceinline__ void put4(float4 (&dst)[2][kWarp], const float (&v)[kRowCols], int lane) {
@@ -183,12 +195,20 @@ struct AffineBelow {
 
 // One row i of the adjoint (its H and Mt), from the row below: writes the gradient row and makes `below`
 // row i. SEED: the best cell's row (nothing comes from below it), the seed g entering as g / H at column
-// seed_col of this lane (or -1).
-template <bool MASKED, bool ALIGNED, bool SEED>
+// seed_col of this lane (or -1). SUMS: adds the row's gap flows and <S, w> to sum (see the top), from Y of
+// the row and S read again from Sb (row i).
+template <bool MASKED, bool ALIGNED, bool SEED, bool SUMS = false>
 __device__ __forceinline__ void affine_adjoint_row(const float (&H)[kRowCols], const float (&Mt)[kRowCols], int sig_r,
                                                    AffineBelow& below, float seed, int seed_col, int valid, int lane,
                                                    const AffineRowConsts& a, float* grad_row, int col, int N,
-                                                   Staging& st) {
+                                                   Staging& st, PairSums<float, 3>* sum = nullptr,
+                                                   const float (*Yr)[kRowCols] = nullptr, const float* Sb = nullptr,
+                                                   int i = 0) {
+  float s[kRowCols];  // SUMS: the row's scores, loaded first: their latency runs under the scan
+  if (SUMS) {
+    load_score_row<ALIGNED>(Sb, i, i + 1, N, col, s);
+    arrange_row<ALIGNED>(s, st, lane);
+  }
   const RowConsts& k = a.k;
   const float E = k.G, O = a.O;
   const float fsig = float(sig_r);
@@ -226,6 +246,7 @@ __device__ __forceinline__ void affine_adjoint_row(const float (&H)[kRowCols], c
   const int s_right = __shfl_down_sync(kFull, sig_r, 1);
   const float carry = lane + 1 < kWarp ? times_pow2(z_right, sig_r - s_right) : 0.0f;  // a(X[i][8 lane + 8])
   float x_right = carry;
+  const float one = __int_as_float(max(127 - sig_r, 0) << 23);  // SUMS: 2^-sigma, the zero term
 #pragma unroll
   for (int r = kRowCols - 1; r >= 0; --r) {
     const float ox = O * x_right;
@@ -233,7 +254,16 @@ __device__ __forceinline__ void affine_adjoint_row(const float (&H)[kRowCols], c
     float y = h[r] + ox + eb[r];
     if (MASKED && r >= valid) t = 0.0f, y = 0.0f;
     below.w[r] = t * Mt[r], below.y[r] = y;
-    x_right = fmaf(k.Gpow[kRowCols - 1 - r], carry, xs[r]);  // a(X[i][8 lane + r])
+    const float x_here = fmaf(k.Gpow[kRowCols - 1 - r], carry, xs[r]);  // a(X[i][8 lane + r])
+    if (SUMS) {
+      const float yv = (*Yr)[r], xv = max_nan(H[r] - one - Mt[r] - yv, 0.0f);  // X and Y of the cell
+      sum->add_flow(0, x_here, xv);  // into the gap states
+      sum->add_flow(0, y, yv);
+      sum->add_flow(1, x_right, E * xv);  // along the extension edges, to X on the right and Y below
+      sum->add_flow(1, eb[r], yv);
+      sum->add_flow(2, below.w[r], s[r]);
+    }
+    x_right = x_here;
   }
   below.sig = sig_r;
   store_gradient_row<ALIGNED>(grad_row, below.w, col, N, st);
@@ -310,17 +340,19 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   }
 }
 
-template <bool MASKED, bool ALIGNED>
-__global__ void __launch_bounds__(kWarp* kAffineRowsWarps)
+template <bool MASKED, bool ALIGNED, bool SUMS>
+__global__ void __launch_bounds__(kWarp* affine_rows_warps<SUMS>())
     affine_rows_backward_kernel(const float* grad_scores, const float* S, const float* kept, const int64_t* best_row,
                                 const int64_t* qlen, const int64_t* tlen, const int64_t* order, float* grad_S,
-                                AffineConsts<float> k, int64_t B, int M, int N) {
-  __shared__ AffineBand bands[kAffineRowsWarps];
-  __shared__ Staging staging_rows[ALIGNED ? 1 : kAffineRowsWarps];  // ALIGNED: unused
-  const int64_t slot = int64_t(blockIdx.x) * kAffineRowsWarps + threadIdx.x / kWarp;
+                                float* sums, AffineConsts<float> k, int64_t B, int M, int N) {
+  constexpr int kWarps = affine_rows_warps<SUMS>();
+  using Band = std::conditional_t<SUMS, AffineBandWithY, AffineBand>;
+  __shared__ Band bands[kWarps];
+  __shared__ Staging staging_rows[ALIGNED ? 1 : kWarps];  // ALIGNED: unused
+  const int64_t slot = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarp;
   if (slot >= B) return;
   const int64_t b = order ? order[slot] : slot;
-  AffineBand& sh = bands[threadIdx.x / kWarp];
+  Band& sh = bands[threadIdx.x / kWarp];
   Staging& staging = staging_rows[ALIGNED ? 0 : threadIdx.x / kWarp];
   const RowsLane where(b, qlen, tlen, M, N);
   const int lane = where.lane, qn = where.qn, tn = where.tn, col = where.col, valid = where.valid;
@@ -336,6 +368,7 @@ __global__ void __launch_bounds__(kWarp* kAffineRowsWarps)
   }
   if (border) return;
   AffineBelow below;
+  PairSums<float, 3> sum;  // SUMS: into the gap states, the extension flow, <S, grad_S> (times g: the seed)
   float ring[kRowsAhead][kRowCols];
   float H[kRowCols], Y[kRowCols];
   int sig;
@@ -346,7 +379,7 @@ __global__ void __launch_bounds__(kWarp* kAffineRowsWarps)
     else
       load_affine_kept_row(kept_b + int64_t(band - 1) * kAffineKeptRowFloats, H, Y, sig, lane);
 #pragma unroll
-    for (int u = 0; u < kRowsAhead; ++u) load_score_row<ALIGNED>(Sb, r0 + u, r1, N, col, ring[u]);
+    for (int u = 0; u < kRowsAhead; ++u) load_score_row<ALIGNED, SUMS>(Sb, r0 + u, r1, N, col, ring[u]);
   };
   load_band(bi / kBandRows);
   for (int band = bi / kBandRows; band >= 0; --band) {
@@ -361,9 +394,10 @@ __global__ void __launch_bounds__(kWarp* kAffineRowsWarps)
         float hi, Mt[kRowCols];
         arrange_row<ALIGNED>(ring[u], staging, lane);
         affine_row_step<MASKED, true>(H, Y, Mt, sig, hi, ring[u], valid, lane, rc, ok);
-        load_score_row<ALIGNED>(Sb, i + kRowsAhead, r1, N, col, ring[u]);
+        load_score_row<ALIGNED, SUMS>(Sb, i + kRowsAhead, r1, N, col, ring[u]);
         put4(sh.h[i - r0], H, lane);
         put4(sh.m[i - r0], Mt, lane);
+        if constexpr (SUMS) put4(sh.y[i - r0], Y, lane);
         sh.sig[i - r0][lane] = sig;
       }
     }
@@ -374,15 +408,21 @@ __global__ void __launch_bounds__(kWarp* kAffineRowsWarps)
       get4(sh.h[i - r0], Hr, lane);
       get4(sh.m[i - r0], Mr, lane);
       const int sig_r = sh.sig[i - r0][lane];
+      float Yr[kRowCols];
+      if constexpr (SUMS) get4(sh.y[i - r0], Yr, lane);
       if (i == bi) {
         const int seed_col = best_column<MASKED>(Hr, sig_r, valid, lane) - col;  // in [0, 8) in its lane only
-        affine_adjoint_row<MASKED, ALIGNED, true>(Hr, Mr, sig_r, below, grad_scores[b], seed_col, valid, lane, rc,
-                                                  Gb + int64_t(i) * N, col, N, staging);
+        affine_adjoint_row<MASKED, ALIGNED, true, SUMS>(Hr, Mr, sig_r, below, grad_scores[b], seed_col, valid, lane,
+                                                        rc, Gb + int64_t(i) * N, col, N, staging, &sum, &Yr, Sb, i);
       } else {
-        affine_adjoint_row<MASKED, ALIGNED, false>(Hr, Mr, sig_r, below, 0.0f, -1, valid, lane, rc,
-                                                   Gb + int64_t(i) * N, col, N, staging);
+        affine_adjoint_row<MASKED, ALIGNED, false, SUMS>(Hr, Mr, sig_r, below, 0.0f, -1, valid, lane, rc,
+                                                         Gb + int64_t(i) * N, col, N, staging, &sum, &Yr, Sb, i);
       }
     }
+  }
+  if (SUMS) {  // openings: what entered the gap states less what extended them
+    sum.part[0] -= sum.part[1];
+    sum.add_to(sums, B, b);
   }
 }
 
@@ -417,15 +457,18 @@ cudaError_t sw_cuda_affine_rows_forward(const Problem& pr, const float* S, float
 }
 
 cudaError_t sw_cuda_affine_rows_backward(const Problem& pr, const float* grad_scores, const float* S,
-                                         const float* kept, const int64_t* best_row, float* grad_S, double gap_open,
-                                         double gap_extend, double t, cudaStream_t stream) {
+                                         const float* kept, const int64_t* best_row, float* grad_S, float* sums,
+                                         double gap_open, double gap_extend, double t, cudaStream_t stream) {
   using namespace swcli_cuda;
   if (pr.B == 0) return cudaSuccess;
   const AffineConsts<float> k = affine_consts<float>(gap_open, gap_extend, t);
-  const unsigned blocks = unsigned((pr.B + kAffineRowsWarps - 1) / kAffineRowsWarps);
   return SWCLI_MASKED_ALIGNED_SWITCH(rows_masked(pr), rows_aligned(pr, S), MASKED, ALIGNED, [&] {
-    affine_rows_backward_kernel<MASKED, ALIGNED><<<blocks, kWarp * kAffineRowsWarps, 0, stream>>>(
-        grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S, k, pr.B, int(pr.M), int(pr.N));
-    return cudaGetLastError();
+    return SWCLI_BOOL_SWITCH(sums != nullptr, SUMS, [&] {
+      constexpr int warps = affine_rows_warps<SUMS>();
+      const unsigned blocks = unsigned((pr.B + warps - 1) / warps);
+      affine_rows_backward_kernel<MASKED, ALIGNED, SUMS><<<blocks, kWarp * warps, 0, stream>>>(
+          grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S, sums, k, pr.B, int(pr.M), int(pr.N));
+      return cudaGetLastError();
+    });
   });
 }

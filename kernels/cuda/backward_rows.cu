@@ -1,7 +1,8 @@
 // The gradient of float scores at t > 0 by rows (rows.cuh): the forward that keeps every kBandRows-th
 // row of the DP instead of the table, and the backward that computes the bands again and runs the
 // adjoint over them. A pair the scaled rows cannot hold is scored in log space (forward_log.cuh), and
-// its gradient takes the table's path (backward_table.cu).
+// its gradient takes the table's path (backward_table.cu). With SUMS (backward_parameters) the backward
+// also sums, per pair, the flow along the gap edges and <S, grad_S> (adjoint_row in rows.cuh).
 #include "dispatch.cuh"
 #include "rows.cuh"
 
@@ -86,11 +87,11 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   }
 }
 
-template <bool MASKED, bool ALIGNED>
+template <bool MASKED, bool ALIGNED, bool SUMS>
 __global__ void __launch_bounds__(kWarp* kRowsWarps)
     rows_backward_kernel(const float* grad_scores, const float* S, const float* kept, const int64_t* best_row,
                          const int64_t* qlen, const int64_t* tlen, const int64_t* order, float* grad_S,
-                         Consts<float> k, int64_t B, int M, int N) {
+                         float* sums, Consts<float> k, int64_t B, int M, int N) {
   __shared__ BandRows shared_rows[kRowsWarps];
   __shared__ Staging staging_rows[ALIGNED ? 1 : kRowsWarps];  // ALIGNED: unused
   const int64_t slot = int64_t(blockIdx.x) * kRowsWarps + threadIdx.x / kWarp;
@@ -113,6 +114,7 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
   }
   if (border) return;
   Below below;
+  PairSums<float, 2> sum;  // SUMS: the gap edges' flow and <S, grad_S>, both times g already (the seed)
   // A band's first rows of S and the row above it, loaded while the band below runs its adjoint.
   float ring[kRowsAhead][kRowCols];
   float U[kRowCols];
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
     else
       load_kept_row(kept_b + int64_t(band - 1) * kKeptRowFloats, U, sig, lane);
 #pragma unroll
-    for (int u = 0; u < kRowsAhead; ++u) load_score_row<ALIGNED>(Sb, r0 + u, r1, N, col, ring[u]);
+    for (int u = 0; u < kRowsAhead; ++u) load_score_row<ALIGNED, SUMS>(Sb, r0 + u, r1, N, col, ring[u]);
   };
   load_band(bi / kBandRows);
   for (int band = bi / kBandRows; band >= 0; --band) {
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
         float hi;
         arrange_row<ALIGNED>(ring[u], staging, lane);
         row_step<MASKED>(U, sig, hi, ring[u], valid, lane, rc, ok);
-        load_score_row<ALIGNED>(Sb, i + kRowsAhead, r1, N, col, ring[u]);
+        load_score_row<ALIGNED, SUMS>(Sb, i + kRowsAhead, r1, N, col, ring[u]);
         put_row(sh, i - r0 + 1, U, sig, lane);
       }
     }
@@ -155,8 +157,8 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
       int sig_u;
       get_row(sh, i - r0, Eu, sig_u, lane);
       const int seed_col = best_column<MASKED>(Er, sig_r, valid, lane) - col;  // in [0, 8) in its lane only
-      adjoint_row<MASKED, ALIGNED, true>(Er, sig_r, Eu, sig_u, below, grad_scores[b], seed_col, valid, lane, rc,
-                                         Gb + int64_t(i) * N, col, N, staging);
+      adjoint_row<MASKED, ALIGNED, true, SUMS>(Er, sig_r, Eu, sig_u, below, grad_scores[b], seed_col, valid, lane,
+                                               rc, Gb + int64_t(i) * N, col, N, staging, &sum, Sb, i);
 #pragma unroll
       for (int r = 0; r < kRowCols; ++r) Er[r] = Eu[r];
       sig_r = sig_u;
@@ -166,13 +168,14 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
       float Eu[kRowCols];
       int sig_u;
       get_row(sh, i - r0, Eu, sig_u, lane);
-      adjoint_row<MASKED, ALIGNED, false>(Er, sig_r, Eu, sig_u, below, 0.0f, -1, valid, lane, rc,
-                                          Gb + int64_t(i) * N, col, N, staging);
+      adjoint_row<MASKED, ALIGNED, false, SUMS>(Er, sig_r, Eu, sig_u, below, 0.0f, -1, valid, lane, rc,
+                                                Gb + int64_t(i) * N, col, N, staging, &sum, Sb, i);
 #pragma unroll
       for (int r = 0; r < kRowCols; ++r) Er[r] = Eu[r];
       sig_r = sig_u;
     }
   }
+  if (SUMS) sum.add_to(sums, B, b);
 }
 
 // Which case of a rows kernel takes a call (see MASKED and ALIGNED at kRowCols in rows.cuh). The gradient
@@ -202,14 +205,17 @@ cudaError_t sw_cuda_rows_forward(const Problem& pr, const float* S, float* score
 }
 
 cudaError_t sw_cuda_rows_backward(const Problem& pr, const float* grad_scores, const float* S, const float* kept,
-                                  const int64_t* best_row, float* grad_S, double gap, double t, cudaStream_t stream) {
+                                  const int64_t* best_row, float* grad_S, float* sums, double gap, double t,
+                                  cudaStream_t stream) {
   using namespace swcli_cuda;
   if (pr.B == 0) return cudaSuccess;
   const unsigned blocks = unsigned((pr.B + kRowsWarps - 1) / kRowsWarps);
   return SWCLI_MASKED_ALIGNED_SWITCH(rows_masked(pr), rows_aligned(pr, S), MASKED, ALIGNED, [&] {
-    rows_backward_kernel<MASKED, ALIGNED><<<blocks, kWarp * kRowsWarps, 0, stream>>>(
-        grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S, consts<float>(gap, t), pr.B, int(pr.M),
-        int(pr.N));
-    return cudaGetLastError();
+    return SWCLI_BOOL_SWITCH(sums != nullptr, SUMS, [&] {
+      rows_backward_kernel<MASKED, ALIGNED, SUMS><<<blocks, kWarp * kRowsWarps, 0, stream>>>(
+          grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S, sums, consts<float>(gap, t), pr.B,
+          int(pr.M), int(pr.N));
+      return cudaGetLastError();
+    });
   });
 }

@@ -4,6 +4,10 @@
 // maximal term in the reference's order zero, match, delete, insert (t = 0). Lane k owns the same
 // columns as in the forward; the rightmost lane starts at the last row, and the flow into the column
 // left of a lane's strip goes to lane k-1 by shuffle, or across tiles through the per-pair buffer.
+//
+// SUMS (backward_parameters): each pair also gets, in a (2, B) array, g times the flow along its gap edges,
+// the sum over the cells of E (w_up + w_left) (each gap term holds the gap once: d score / d gap), and
+// <S, grad_S>, for which the soft backward reads S too (tests/test_parameter_sums_model.py models both).
 #include "common.cuh"
 #include "dispatch.cuh"
 
@@ -26,12 +30,12 @@ constexpr int kDelay = 8;      // lanes whose gradient rows the backward writes 
 static_assert((kDelay & (kDelay - 1)) == 0 && kWarp % kDelay == 0, "kDelay: a power of 2 dividing the warp");
 
 
-template <typename A, int R, bool SOFT>
+template <typename A, int R, bool READ_S>
 struct BackwardRows {
   static constexpr int G = kBackGroup;
   static_assert(kWarp % G == 0, "a block of 32 steps holds whole groups");
   Skewed<const A, R> H;
-  const A* S;  // this pair's scores (t = 0 only)
+  const A* S;  // this pair's scores (READ_S only: t = 0, or the sums)
   int64_t N;
   int rows, col, valid;
   typename Skewed<const A, R>::Cursor mine;  // this lane's R values in the row of the next load
@@ -74,7 +78,7 @@ struct BackwardRows {
 #pragma unroll
       for (int r = 0; r < R; ++r) hv[r] = A(0);
     }
-    if (!SOFT) {
+    if (READ_S) {
       const bool ok = unsigned(i) < unsigned(rows);
 #pragma unroll
       for (int r = 0; r < R; ++r) sv[r] = ok && r < valid ? __ldg(S + int64_t(i) * N + col + r) : A(0);
@@ -83,11 +87,11 @@ struct BackwardRows {
   }
 };
 
-template <typename A, int R, bool SOFT>
+template <typename A, int R, bool SOFT, bool SUMS>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     backward_kernel(const A* grad_scores, const A* S, const A* table, const int64_t* best_at,
                     const int64_t* qlen, const int64_t* tlen, const int64_t* order, A* grad_S,
-                    A* boundary, Consts<A> k, int64_t B, int64_t M, int64_t N) {
+                    A* boundary, A* sums, Consts<A> k, int64_t B, int64_t M, int64_t N) {
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;
   const int lane = threadIdx.x % kWarp;
@@ -107,7 +111,8 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   if (border) return;  // the score is the zero border: no gradient
   const int arg_i = int(arg / N), arg_j = int(arg % N);
   A* bnd = boundary ? boundary + b * M : nullptr;
-  BackwardRows<A, R, SOFT> src;
+  BackwardRows<A, R, !SOFT || SUMS> src;
+  PairSums<A, 2> sum;  // SUMS: the gap edges' flow (not yet times g), and <S, grad_S>
   // Each lane's gradient rows wait in shared memory (kDelay slots, by row) until the other lanes of its
   // group of kDelay have computed the same row (see the sweep): lane-to-lane rows a step apart would
   // write every 32-byte sector in two halves, at different times.
@@ -203,6 +208,10 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
               }
               const A diag_flow = e * wd;
               g[r] = grad * diag_flow;
+              if (SUMS) {
+                sum.add_flow(0, e, wu + wl);
+                sum.add_flow(1, g[r], src.s[d][r]);
+              }
               right = e * wl + carry_diag[r];
               carry_diag[r] = diag_flow;
               carry_up[r] = e * wu;
@@ -226,19 +235,27 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     }
     __syncwarp();
   }
+  if (SUMS) {
+    // g times the gap flow; 0 where g is 0, whatever the flow (a NaN in S), as the CPU engine skips the pair
+    sum.part[0] = grad == A(0) ? A(0) : grad * sum.part[0];
+    sum.add_to(sums, B, b);
+  }
 }
 
 template <typename A>
 cudaError_t backward_any(const Problem& pr, const A* grad_scores, const A* S, const A* table, const int64_t* best_at,
-                         A* grad_S, A* boundary, double gap, double t, int lane_columns, cudaStream_t stream) {
+                         A* grad_S, A* boundary, A* sums, double gap, double t, int lane_columns,
+                         cudaStream_t stream) {
   if (pr.B == 0) return cudaSuccess;
   const Consts<A> k = consts<A>(gap, t);
   const int blocks = blocks_for(pr.B), threads = kWarp * kWarpsPerBlock;
   return SWCLI_COLUMNS_1_4_SWITCH(lane_columns, R, [&] {
     return SWCLI_BOOL_SWITCH(t > 0, SOFT, [&] {
-      backward_kernel<A, R, SOFT><<<blocks, threads, 0, stream>>>(grad_scores, S, table, best_at, pr.qlen, pr.tlen,
-                                                                  pr.order, grad_S, boundary, k, pr.B, pr.M, pr.N);
-      return cudaGetLastError();
+      return SWCLI_BOOL_SWITCH(sums != nullptr, SUMS, [&] {
+        backward_kernel<A, R, SOFT, SUMS><<<blocks, threads, 0, stream>>>(
+            grad_scores, S, table, best_at, pr.qlen, pr.tlen, pr.order, grad_S, boundary, sums, k, pr.B, pr.M, pr.N);
+        return cudaGetLastError();
+      });
     });
   });
 }
@@ -247,15 +264,15 @@ cudaError_t backward_any(const Problem& pr, const A* grad_scores, const A* S, co
 }  // namespace swcli_cuda
 
 cudaError_t sw_cuda_backward_f32(const Problem& pr, const float* grad_scores, const float* S, const float* table,
-                                 const int64_t* best_at, float* grad_S, float* boundary, double gap, double t,
-                                 int lane_columns, cudaStream_t stream) {
-  return swcli_cuda::backward_any<float>(pr, grad_scores, S, table, best_at, grad_S, boundary, gap, t,
+                                 const int64_t* best_at, float* grad_S, float* boundary, float* sums, double gap,
+                                 double t, int lane_columns, cudaStream_t stream) {
+  return swcli_cuda::backward_any<float>(pr, grad_scores, S, table, best_at, grad_S, boundary, sums, gap, t,
                                          lane_columns, stream);
 }
 
 cudaError_t sw_cuda_backward_f64(const Problem& pr, const double* grad_scores, const double* S,
                                  const double* table, const int64_t* best_at, double* grad_S, double* boundary,
-                                 double gap, double t, int lane_columns, cudaStream_t stream) {
-  return swcli_cuda::backward_any<double>(pr, grad_scores, S, table, best_at, grad_S, boundary, gap, t,
+                                 double* sums, double gap, double t, int lane_columns, cudaStream_t stream) {
+  return swcli_cuda::backward_any<double>(pr, grad_scores, S, table, best_at, grad_S, boundary, sums, gap, t,
                                           lane_columns, stream);
 }

@@ -241,6 +241,35 @@ struct Outputs {
 };
 
 // ---------------------------------------------------------------------------------------------------
+// The per-pair sums of a backward that also gives the gradients of the gaps and the temperature (the
+// operators backward_parameters and affine_backward_parameters, SUMS in the kernels' templates): K values a
+// pair in a (K, B) array that the caller zeroes, the gap flows first, then <S, grad_S>. Each lane adds up
+// its own cells; at the end the warp adds its lanes and lane 0 adds the result to the pair's entries (one
+// atomic add each, so that warps sharing a pair may add theirs).
+template <typename A, int K>
+struct PairSums {
+  A part[K];
+  __device__ __forceinline__ PairSums() {
+#pragma unroll
+    for (int k = 0; k < K; ++k) part[k] = A(0);
+  }
+  // adjoint * weight where the adjoint is not 0 (a flow: a NaN weight where nothing flows adds nothing)
+  __device__ __forceinline__ void add_flow(int k, A adjoint, A weight) {
+    if (adjoint != A(0)) part[k] += adjoint * weight;
+  }
+  // Every lane of the warp calls it.
+  __device__ __forceinline__ void add_to(A* sums, int64_t B, int64_t b) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      A v = part[k];
+#pragma unroll
+      for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(kFull, v, off);
+      if (threadIdx.x % kWarp == 0) atomicAdd(sums + k * B + b, v);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------
 // Host side: the grid of a launch of one warp per pair, and the constants of a call.
 
 inline int blocks_for(int64_t B) { return int((B + kWarpsPerBlock - 1) / kWarpsPerBlock); }

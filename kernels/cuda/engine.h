@@ -62,13 +62,17 @@ cudaError_t sw_cuda_forward_codes(const Problem& pr, const uint8_t* query, int64
                                   const float* matrix, int K, float* scores, float* boundary, double gap,
                                   double t, int lane_columns, cudaStream_t stream, const Relaying* relaying,
                                   bool allow_scaled, int* log_pairs, int64_t shared_limit);
-// grad_S (B, M, N), every element written, from the table and best_at of the forward.
+// grad_S (B, M, N), every element written, from the table and best_at of the forward. sums: null, or a
+// zeroed (2, B) array to which each pair adds what the gradients of the gap and the temperature take:
+// grad_scores[b] d score[b] / d gap (the flow along the gap edges) and <S[b], grad_S[b]> (the same for
+// the backward by rows and, with (3, B) sums of gap_open, gap_extend and the inner product, the affine
+// backward below).
 cudaError_t sw_cuda_backward_f32(const Problem& pr, const float* grad_scores, const float* S,
                                  const float* table, const int64_t* best_at, float* grad_S, float* boundary,
-                                 double gap, double t, int lane_columns, cudaStream_t stream);
+                                 float* sums, double gap, double t, int lane_columns, cudaStream_t stream);
 cudaError_t sw_cuda_backward_f64(const Problem& pr, const double* grad_scores, const double* S,
                                  const double* table, const int64_t* best_at, double* grad_S,
-                                 double* boundary, double gap, double t, int lane_columns,
+                                 double* boundary, double* sums, double gap, double t, int lane_columns,
                                  cudaStream_t stream);
 // The gradient by rows (float, t > 0, gap <= 0, N <= sw_cuda_rows_width(); rows of S and of the gradient
 // in 16-byte accesses where N is a multiple of 4 and S 16-byte aligned, else through a staging row in
@@ -85,7 +89,27 @@ int64_t sw_cuda_rows_kept_floats(int64_t M);
 cudaError_t sw_cuda_rows_forward(const Problem& pr, const float* S, float* scores, int64_t* best_row, float* kept,
                                  float* boundary, int* failed, double gap, double t, cudaStream_t stream);
 cudaError_t sw_cuda_rows_backward(const Problem& pr, const float* grad_scores, const float* S, const float* kept,
-                                  const int64_t* best_row, float* grad_S, double gap, double t, cudaStream_t stream);
+                                  const int64_t* best_row, float* grad_S, float* sums, double gap, double t,
+                                  cudaStream_t stream);
+// Long pairs by tiles (long_pairs.cu): float32 dense S, in log space at t > 0, the exact max at t = 0; each pair's
+// DP cut into tiles of sw_cuda_long_tile_rows() x sw_cuda_long_tile_columns() cells, a warp a tile, one launch
+// per anti-diagonal of tiles (pr.order is not used). long_forward: scores (B,), best_at (B,) (the row-major index
+// of the first maximal cell, or -1), state (sw_cuda_long_state_floats(B, M, N): the tiles' last rows and
+// columns, what the backward reads), and the scratch tile_best, tile_at (sw_cuda_long_tiles(B, M, N) each);
+// log_pairs, if not null, gets the number of pairs scored at t > 0 (every one in log space). long_backward:
+// grad_S (B, M, N), every element written, from the forward's state and best_at, with the scratch flows
+// (sw_cuda_long_flow_floats(B, M, N)).
+int sw_cuda_long_tile_rows();
+int sw_cuda_long_tile_columns();
+int64_t sw_cuda_long_state_floats(int64_t B, int64_t M, int64_t N);
+int64_t sw_cuda_long_tiles(int64_t B, int64_t M, int64_t N);
+int64_t sw_cuda_long_flow_floats(int64_t B, int64_t M, int64_t N);
+cudaError_t sw_cuda_long_forward(const Problem& pr, const float* S, float* scores, int64_t* best_at, float* state,
+                                 float* tile_best, int64_t* tile_at, int* log_pairs, double gap, double t,
+                                 cudaStream_t stream);
+cudaError_t sw_cuda_long_backward(const Problem& pr, const float* grad_scores, const float* S, const float* state,
+                                  const int64_t* best_at, float* grad_S, float* flows, double gap, double t,
+                                  cudaStream_t stream);
 // Affine gaps (soft Gotoh, affine.cuh), in log space: open gap_open and extend gap_extend, gap_open <=
 // gap_extend <= 0. Dense S (lane_columns 1 or 4): scores (B,), and with state non-null also the state the
 // backward reads, sw_cuda_affine_state_size values (M, X and Y of every cell in wavefront order), and
@@ -110,13 +134,16 @@ cudaError_t sw_cuda_affine_forward_codes(const Problem& pr, const uint8_t* query
                                          int lane_columns, cudaStream_t stream, const Relaying* relaying,
                                          int64_t shared_limit);
 // grad_S (B, M, N), every element written, from the state and best_at of the affine forward (the same
-// lane_columns). boundary: (B, M, 2) values where N exceeds a tile, else null (t > 0 only).
+// lane_columns). boundary: (B, M, 2) values where N exceeds a tile, else null (t > 0 only). sums: null, or
+// a zeroed (3, B) array (see sw_cuda_backward_f32), which needs S (else unread: null).
 cudaError_t sw_cuda_affine_backward_f32(const Problem& pr, const float* grad_scores, const float* state,
-                                        const int64_t* best_at, float* grad_S, float* boundary, double gap_open,
-                                        double gap_extend, double t, int lane_columns, cudaStream_t stream);
+                                        const int64_t* best_at, float* grad_S, float* boundary, const float* S,
+                                        float* sums, double gap_open, double gap_extend, double t, int lane_columns,
+                                        cudaStream_t stream);
 cudaError_t sw_cuda_affine_backward_f64(const Problem& pr, const double* grad_scores, const double* state,
-                                        const int64_t* best_at, double* grad_S, double* boundary, double gap_open,
-                                        double gap_extend, double t, int lane_columns, cudaStream_t stream);
+                                        const int64_t* best_at, double* grad_S, double* boundary, const double* S,
+                                        double* sums, double gap_open, double gap_extend, double t,
+                                        int lane_columns, cudaStream_t stream);
 // The affine gradient by rows, as the linear one (float, t > 0 in the shared form: |gap_open| log2(e) / t <=
 // 100, N <= sw_cuda_rows_width()): a kept row holds H and Y, sw_cuda_affine_rows_kept_floats(M) floats per
 // pair; *failed counts the pairs scored in log space instead (with boundary (B, M, 2) where N exceeds
@@ -127,8 +154,8 @@ cudaError_t sw_cuda_affine_rows_forward(const Problem& pr, const float* S, float
                                         float* kept, float* boundary, int* failed, double gap_open,
                                         double gap_extend, double t, cudaStream_t stream);
 cudaError_t sw_cuda_affine_rows_backward(const Problem& pr, const float* grad_scores, const float* S,
-                                         const float* kept, const int64_t* best_row, float* grad_S, double gap_open,
-                                         double gap_extend, double t, cudaStream_t stream);
+                                         const float* kept, const int64_t* best_row, float* grad_S, float* sums,
+                                         double gap_open, double gap_extend, double t, cudaStream_t stream);
 // Exact scores of one query against many targets at t = 0 with an integer matrix and integer gaps, in
 // 16-bit lanes with DPX instructions (search_s16.cu): query (M,) codes below K, targets (B, N) padded
 // codes with lengths tlen (B,) int64, table (K, K+1, K+1) 32-bit entries (S[q][a], S[q][b]) as int16

@@ -37,9 +37,37 @@ int device_attribute(cudaDeviceAttr attribute) {
   return value;
 }
 
-bool lane_columns_allowed(int64_t requested, bool codes) {
-  return requested == 0 || requested == 1 || requested == 4 || (codes && requested == 8);
+// The value of lane_columns that asks the dense linear operators for tiles of long pairs whatever the size
+// (tests, tools): see tiles_take.
+constexpr int64_t kTilesLaneColumns = -1;
+
+// What a call's lane_columns may be: 0 (automatic), 1 or 4; 8 with scores from codes; -1 (tiles) where the
+// call can take tiles (the dense linear forward and backward).
+bool lane_columns_allowed(int64_t requested, bool codes, bool tiles = false) {
+  return requested == 0 || requested == 1 || requested == 4 || (codes && requested == 8) ||
+         (tiles && requested == kTilesLaneColumns);
 }
+
+// Long pairs in small batches take tiles (long_pairs.cu): each pair's DP cut into tiles of 128 x 128 cells,
+// a warp a tile, swept by anti-diagonals of tiles, so that a pair of 35,000 x 35,000 is swept by up to 274
+// warps where one warp per pair gives it one. The rule, from the batch's sizes alone (so that the backward
+// takes what the forward took): float32, at most kTilesMaxPairs pairs (past a few hundred, the pairs' own
+// warps fill the GPU), both sides at least kTilesMinSide (a pair 2 tiles high: a thinner one would be swept
+// by about one tile at a time) and M x N at least kTilesMinCells (below it the one-warp sweep is short).
+// benchmarks/long_pairs.py measures both paths on both sides of these limits. lane_columns -1 asks for tiles
+// at any size, 1 or 4 for one warp per pair.
+constexpr int64_t kTilesMaxPairs = 256;
+constexpr int64_t kTilesMinSide = 256;
+constexpr int64_t kTilesMinCells = int64_t(1) << 20;
+
+bool tiles_take(const at::Tensor& S, int64_t lane_columns) {
+  if (lane_columns == kTilesLaneColumns) return true;
+  const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
+  return lane_columns == 0 && S.scalar_type() == at::kFloat && B <= kTilesMaxPairs && std::min(M, N) >= kTilesMinSide &&
+         M * N >= kTilesMinCells;
+}
+
+constexpr const char* kTilesDtypeError = "lane_columns -1 (tiles of long pairs) takes float32 scores";
 
 // Columns per lane (requested: allowed, above): 1 keeps the critical path short when there are too few
 // pairs to fill the GPU (the latency-bound small batches), 4 amortises each step's shuffle and loads at
@@ -117,14 +145,15 @@ struct Plan {
 // What is wrong with a batch's sizes, lengths or lane_columns, or "" (for the bound functions to raise).
 std::string batch_error(int64_t B, int64_t M, int64_t N, const std::optional<at::Tensor>& qlen,
                         const std::optional<at::Tensor>& tlen, const at::Device& device, int64_t lane_columns,
-                        bool codes) {
+                        bool codes, bool tiles = false) {
   if (M >= INT32_MAX || N >= INT32_MAX)
     return "the CUDA engine takes up to 2^31 - 2 rows and columns, got " + std::to_string(M) + " x " +
            std::to_string(N);
   if (!lengths_allowed(qlen, tlen, B, device))
     return "lengths must be contiguous int64 tensors of shape (B,) on the scores' device";
-  if (!lane_columns_allowed(lane_columns, codes))
-    return std::string("lane_columns must be 0 (automatic), 1") + (codes ? ", 4 or 8" : " or 4") + ", got " +
+  if (!lane_columns_allowed(lane_columns, codes, tiles))
+    return std::string("lane_columns must be 0 (automatic), 1") +
+           (codes ? ", 4 or 8" : tiles ? ", 4 or -1 (tiles of long pairs)" : " or 4") + ", got " +
            std::to_string(lane_columns);
   return "";
 }
@@ -162,6 +191,82 @@ T* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
+// What is wrong with what a backward reads from its forward, or "": a flat state of `size` values of S's dtype,
+// best (B,) int64 and grad_scores (B,), on S's device. `forward` names the forward they come from.
+std::string saved_error(const at::Tensor& S, const at::Tensor& state, int64_t size, const at::Tensor& best,
+                        const at::Tensor& grad_scores, const std::string& forward) {
+  const int64_t B = S.size(0);
+  if (!(state.device() == S.device() && state.dim() == 1 && state.numel() == size &&
+        state.scalar_type() == S.scalar_type() && state.is_contiguous()))
+    return "state does not match the score matrix: it must be the state of the " + forward + ", " +
+           std::to_string(size) + " values of S's dtype on its device (from the same lane_columns)";
+  if (!(best.device() == S.device() && best.numel() == B && best.scalar_type() == at::kLong))
+    return "best does not match the score matrix: it must be the (B,) int64 best cells of the " + forward;
+  if (!(grad_scores.device() == S.device() && grad_scores.numel() == B))
+    return "grad_scores must hold " + std::to_string(B) + " values on the scores' device";
+  return "";
+}
+
+// The Problem of a call by tiles: the lengths as given (checked by batch_error), no order.
+Problem tiles_problem(int64_t B, int64_t M, int64_t N, const std::optional<at::Tensor>& qlen,
+                      const std::optional<at::Tensor>& tlen) {
+  return Problem{B, M, N, qlen.has_value() ? qlen->data_ptr<int64_t>() : nullptr,
+                 tlen.has_value() ? tlen->data_ptr<int64_t>() : nullptr, nullptr};
+}
+
+// forward() by tiles (long_pairs.cu, engine.h): (scores, the tiles' last rows and columns (flat), best_at) with
+// keep_state, else (scores, None, None).
+std::vector<at::Tensor> forward_tiles(const at::Tensor& S_in, const std::optional<at::Tensor>& qlen,
+                                      const std::optional<at::Tensor>& tlen, double gap, double temperature,
+                                      bool keep_state, const std::optional<at::Tensor>& log_pairs) {
+  TORCH_CHECK(S_in.scalar_type() == at::kFloat,
+              std::string(kTilesDtypeError) + ", got " + c10::toString(S_in.scalar_type()));
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const at::Tensor S = S_in.contiguous();
+  const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
+  at::Tensor scores = at::empty({B}, S.options());
+  at::Tensor best_at = at::empty({B}, S.options().dtype(at::kLong));
+  at::Tensor state = at::empty({sw_cuda_long_state_floats(B, M, N)}, S.options());
+  if (M == 0 || N == 0) {
+    scores.zero_();
+    best_at.fill_(-1);
+  } else {
+    at::Tensor tile_best = at::empty({sw_cuda_long_tiles(B, M, N)}, S.options());
+    at::Tensor tile_at = at::empty({sw_cuda_long_tiles(B, M, N)}, S.options().dtype(at::kLong));
+    SWCLI_CHECK_CUDA(sw_cuda_long_forward(tiles_problem(B, M, N, qlen, tlen), S.data_ptr<float>(),
+                                          scores.data_ptr<float>(), best_at.data_ptr<int64_t>(), state.data_ptr<float>(),
+                                          tile_best.data_ptr<float>(), tile_at.data_ptr<int64_t>(),
+                                          counter_or_null(log_pairs), gap, temperature,
+                                          c10::cuda::getCurrentCUDAStream()),
+                     "forward by tiles");
+  }
+  if (!keep_state) return {scores, at::Tensor(), at::Tensor()};
+  return {scores, state, best_at};
+}
+
+// backward() by tiles: grad_S (B, M, N) from forward_tiles' state and best_at.
+at::Tensor backward_tiles(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& state,
+                          const at::Tensor& best_at, const std::optional<at::Tensor>& qlen,
+                          const std::optional<at::Tensor>& tlen, double gap, double temperature) {
+  TORCH_CHECK(S_in.scalar_type() == at::kFloat,
+              std::string(kTilesDtypeError) + ", got " + c10::toString(S_in.scalar_type()));
+  const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
+  const std::string saved =
+      saved_error(S_in, state, sw_cuda_long_state_floats(B, M, N), best_at, grad_scores, "forward by tiles");
+  TORCH_CHECK(saved.empty(), saved);
+  const c10::cuda::CUDAGuard guard(S_in.device());
+  const at::Tensor S = S_in.contiguous();
+  const at::Tensor grad = grad_scores.to(at::kFloat).contiguous(), best = best_at.contiguous();
+  at::Tensor grad_S = at::empty({B, M, N}, S.options());  // the kernels write every element
+  if (M == 0 || N == 0) return grad_S;
+  at::Tensor flows = at::empty({sw_cuda_long_flow_floats(B, M, N)}, S.options());
+  SWCLI_CHECK_CUDA(sw_cuda_long_backward(tiles_problem(B, M, N, qlen, tlen), grad.data_ptr<float>(), S.data_ptr<float>(),
+                                         state.data_ptr<float>(), best.data_ptr<int64_t>(), grad_S.data_ptr<float>(),
+                                         flows.data_ptr<float>(), gap, temperature, c10::cuda::getCurrentCUDAStream()),
+                   "backward by tiles");
+  return grad_S;
+}
+
 // (scores (B,), H (B, M, N) or None, best_at (B,) or None). S: float32 or float64 on a CUDA device.
 // scaled: allow the scaled sweeps (float, t > 0, no DP table; with 1-column lanes, pairs of one column
 // tile); log_pairs: a (1,) int32 CUDA tensor to which the kernel adds the number of pairs it scored in log
@@ -175,9 +280,10 @@ std::vector<at::Tensor> forward(const at::Tensor& S_in, const std::optional<at::
               std::string("the CUDA engine takes float32 or float64, got ") + c10::toString(S_in.scalar_type()));
   TORCH_CHECK(temperature >= 0, "temperature must be >= 0");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
-  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false, true);
   TORCH_CHECK(error.empty(), error);
   TORCH_CHECK(counter_allowed(log_pairs, S_in), kCounterError);
+  if (tiles_take(S_in, lane_columns)) return forward_tiles(S_in, qlen, tlen, gap, temperature, keep_dp_table, log_pairs);
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
   const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, S.options());
@@ -269,15 +375,23 @@ at::Tensor forward_codes(const at::Tensor& query_in, const at::Tensor& target_in
   return scores;
 }
 
-// d scores / d S (B, M, N) from the forward's table and best_at.
+// d scores / d S (B, M, N) from the forward's table and best_at; with sums (a zeroed (2, B) tensor of S's
+// dtype, else undefined) also the per-pair sums of backward_parameters (engine.h).
 at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& table,
                             const at::Tensor& best_at, const std::optional<at::Tensor>& qlen,
                             const std::optional<at::Tensor>& tlen, double gap, double temperature,
-                            int64_t lane_columns) {
+                            int64_t lane_columns, const at::Tensor& sums) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
-  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false);
+  const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false, true);
   TORCH_CHECK(error.empty(), error);
+  if (tiles_take(S_in, lane_columns)) {
+    if (!sums.defined()) return backward_tiles(grad_scores, S_in, table, best_at, qlen, tlen, gap, temperature);
+    // The tiles' backward sums nothing for the gaps and the temperature: their gradient takes the DP
+    // table's path (one warp a pair, 4 columns a lane), its table computed now: M x N floats a pair.
+    std::vector<at::Tensor> r = forward(S_in, qlen, tlen, gap, temperature, true, 4, true, std::nullopt);
+    return backward(grad_scores, S_in, r[1], r[2], qlen, tlen, gap, temperature, 4, sums);
+  }
   const c10::cuda::CUDAGuard guard(S_in.device());
   const at::Tensor S = S_in.contiguous();
   const Plan plan = plan_for(B, M, N, qlen, tlen, lane_columns, S.options());
@@ -295,14 +409,14 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
   if (S.scalar_type() == at::kFloat)
     SWCLI_CHECK_CUDA(sw_cuda_backward_f32(pr, grad.data_ptr<float>(), S.data_ptr<float>(),
                                           table.data_ptr<float>(), best_at.data_ptr<int64_t>(),
-                                          grad_S.data_ptr<float>(), ptr_or_null<float>(boundary), gap, temperature,
-                                          R, stream),
+                                          grad_S.data_ptr<float>(), ptr_or_null<float>(boundary),
+                                          ptr_or_null<float>(sums), gap, temperature, R, stream),
                      "backward");
   else
     SWCLI_CHECK_CUDA(sw_cuda_backward_f64(pr, grad.data_ptr<double>(), S.data_ptr<double>(),
                                           table.data_ptr<double>(), best_at.data_ptr<int64_t>(),
-                                          grad_S.data_ptr<double>(), ptr_or_null<double>(boundary), gap,
-                                          temperature, R, stream),
+                                          grad_S.data_ptr<double>(), ptr_or_null<double>(boundary),
+                                          ptr_or_null<double>(sums), gap, temperature, R, stream),
                      "backward");
   return grad_S;
 }
@@ -353,7 +467,8 @@ std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const std::optional
 // (Read first, in ops.py, it left 80 to 215 us between the two kernels on the H200, under torch.profiler.)
 at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
                          const at::Tensor& best_row, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
-                         const std::optional<at::Tensor>& tlen, double gap, double temperature) {
+                         const std::optional<at::Tensor>& tlen, double gap, double temperature,
+                         const at::Tensor& sums) {
   TORCH_CHECK(rows_take(S_in, gap, temperature), "the gradient by rows does not take these scores");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
@@ -372,8 +487,8 @@ at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, 
   if (M == 0 || N == 0) return grad_S;
   if (failed.item<int>() != 0) return at::Tensor();
   SWCLI_CHECK_CUDA(sw_cuda_rows_backward(pr, grad.data_ptr<float>(), S.data_ptr<float>(), kept.data_ptr<float>(),
-                                         best_row.data_ptr<int64_t>(), grad_S.data_ptr<float>(), gap, temperature,
-                                         c10::cuda::getCurrentCUDAStream()),
+                                         best_row.data_ptr<int64_t>(), grad_S.data_ptr<float>(),
+                                         ptr_or_null<float>(sums), gap, temperature, c10::cuda::getCurrentCUDAStream()),
                    "backward by rows");
   return grad_S;
 }
@@ -509,7 +624,7 @@ std::vector<at::Tensor> affine_forward_rows(const at::Tensor& S_in, const std::o
 at::Tensor affine_backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
                                 const at::Tensor& best_row, const at::Tensor& failed,
                                 const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
-                                double gap_open, double gap_extend, double temperature) {
+                                double gap_open, double gap_extend, double temperature, const at::Tensor& sums) {
   TORCH_CHECK(affine_rows_take(S_in, gap_open, temperature), "the affine gradient by rows does not take these scores");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
@@ -531,8 +646,8 @@ at::Tensor affine_backward_rows(const at::Tensor& grad_scores, const at::Tensor&
   if (failed.item<int>() != 0) return at::Tensor();
   SWCLI_CHECK_CUDA(sw_cuda_affine_rows_backward(pr, grad.data_ptr<float>(), S.data_ptr<float>(),
                                                 kept.data_ptr<float>(), best_row.data_ptr<int64_t>(),
-                                                grad_S.data_ptr<float>(), gap_open, gap_extend, temperature,
-                                                c10::cuda::getCurrentCUDAStream()),
+                                                grad_S.data_ptr<float>(), ptr_or_null<float>(sums), gap_open,
+                                                gap_extend, temperature, c10::cuda::getCurrentCUDAStream()),
                    "affine backward by rows");
   return grad_S;
 }
@@ -614,11 +729,12 @@ at::Tensor op_affine_scores_codes(const at::Tensor& query_in, const at::Tensor& 
   return scores;
 }
 
-// grad_S (B, M, N) from the state and best of op_affine_forward without by_rows (the same lane_columns).
+// grad_S (B, M, N) from the state and best of op_affine_forward without by_rows (the same lane_columns); with
+// sums (a zeroed (3, B) tensor of S's dtype, else undefined) also affine_backward_parameters' sums.
 at::Tensor affine_backward_state(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& state,
                                  const at::Tensor& best, const std::optional<at::Tensor>& qlen,
                                  const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
-                                 double temperature, int64_t lane_columns) {
+                                 double temperature, int64_t lane_columns, const at::Tensor& sums) {
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
               std::string("the CUDA engine takes float32 or float64, got ") + c10::toString(S_in.scalar_type()));
@@ -628,15 +744,9 @@ at::Tensor affine_backward_state(const at::Tensor& grad_scores, const at::Tensor
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false);
   TORCH_CHECK(error.empty(), error);
   const int R = lane_columns_for(B, lane_columns, false);
-  const int64_t size = sw_cuda_affine_state_size(B, M, N, R);
-  TORCH_CHECK(state.device() == S_in.device() && state.dim() == 1 && state.numel() == size &&
-                  state.scalar_type() == S_in.scalar_type() && state.is_contiguous(),
-              "state does not match the score matrix: it must be the affine forward's state, " + std::to_string(size) +
-                  " values of S's dtype on its device (from affine_forward with the same lane_columns)");
-  TORCH_CHECK(best.device() == S_in.device() && best.numel() == B && best.scalar_type() == at::kLong,
-              "best does not match the score matrix: it must be the affine forward's (B,) int64 best cells");
-  TORCH_CHECK(grad_scores.device() == S_in.device() && grad_scores.numel() == B,
-              "grad_scores must hold " + std::to_string(B) + " values on the scores' device");
+  const std::string saved =
+      saved_error(S_in, state, sw_cuda_affine_state_size(B, M, N, R), best, grad_scores, "affine forward");
+  TORCH_CHECK(saved.empty(), saved);
   const c10::cuda::CUDAGuard guard(S_in.device());
   const Lengths lengths = lengths_for(qlen, tlen, B, M, N, S_in.device(), R, sw_cuda_tile_columns(R), false);
   const Problem pr = problem(B, M, N, lengths);
@@ -645,41 +755,72 @@ at::Tensor affine_backward_state(const at::Tensor& grad_scores, const at::Tensor
   const at::Tensor boundary = affine_boundary(B, M, N, R, S_in.options());
   at::Tensor grad_S = at::empty({B, M, N}, S_in.options());  // the kernels write every element
   if (M == 0 || N == 0) return grad_S;
+  const at::Tensor S = sums.defined() ? S_in.contiguous() : at::Tensor();  // the sums' <S, grad_S> reads S
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (S_in.scalar_type() == at::kFloat)
     SWCLI_CHECK_CUDA(sw_cuda_affine_backward_f32(pr, grad.data_ptr<float>(), state.data_ptr<float>(),
                                                  best_at.data_ptr<int64_t>(), grad_S.data_ptr<float>(),
-                                                 ptr_or_null<float>(boundary), gap_open, gap_extend, temperature, R,
+                                                 ptr_or_null<float>(boundary), ptr_or_null<float>(S),
+                                                 ptr_or_null<float>(sums), gap_open, gap_extend, temperature, R,
                                                  stream),
                      "affine backward");
   else
     SWCLI_CHECK_CUDA(sw_cuda_affine_backward_f64(pr, grad.data_ptr<double>(), state.data_ptr<double>(),
                                                  best_at.data_ptr<int64_t>(), grad_S.data_ptr<double>(),
-                                                 ptr_or_null<double>(boundary), gap_open, gap_extend, temperature, R,
+                                                 ptr_or_null<double>(boundary), ptr_or_null<double>(S),
+                                                 ptr_or_null<double>(sums), gap_open, gap_extend, temperature, R,
                                                  stream),
                      "affine backward");
   return grad_S;
 }
 
-// grad_S (B, M, N) from op_affine_forward's (state, best, failed) with the same by_rows and lane_columns.
-at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
-                              const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
-                              const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
-                              double temperature, bool by_rows, int64_t lane_columns) {
+// grad_S (B, M, N) from op_affine_forward's (state, best, failed) with the same by_rows and lane_columns, and
+// with sums (zeroed, (3, B)) affine_backward_parameters' sums.
+at::Tensor affine_backward_any(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                               const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                               const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
+                               double temperature, bool by_rows, int64_t lane_columns, const at::Tensor& sums) {
   if (by_rows) {
     TORCH_CHECK(lane_columns == 0, "the gradient by rows takes lane_columns 0 (its lanes hold 8 columns)");
     const std::string settings = affine_settings_error(gap_open, gap_extend, temperature);
     TORCH_CHECK(settings.empty(), settings);
-    at::Tensor grad_S =
-        affine_backward_rows(grad_scores, S, state, best, failed, qlen, tlen, gap_open, gap_extend, temperature);
+    at::Tensor grad_S = affine_backward_rows(grad_scores, S, state, best, failed, qlen, tlen, gap_open, gap_extend,
+                                             temperature, sums);
     if (grad_S.defined()) return grad_S;
     // Some pair's rows left the scaled range (its score came from log space): the state's path for the
     // batch, its state computed now.
     std::vector<at::Tensor> r = affine_dense_forward(S, qlen, tlen, gap_open, gap_extend, temperature, 0, true);
-    return affine_backward_state(grad_scores, S, r[1], r[2], qlen, tlen, gap_open, gap_extend, temperature, 0);
+    return affine_backward_state(grad_scores, S, r[1], r[2], qlen, tlen, gap_open, gap_extend, temperature, 0, sums);
   }
   return affine_backward_state(grad_scores, S, state, best, qlen, tlen, gap_open, gap_extend, temperature,
-                               lane_columns);
+                               lane_columns, sums);
+}
+
+at::Tensor op_affine_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                              const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                              const std::optional<at::Tensor>& tlen, double gap_open, double gap_extend,
+                              double temperature, bool by_rows, int64_t lane_columns) {
+  return affine_backward_any(grad_scores, S, state, best, failed, qlen, tlen, gap_open, gap_extend, temperature,
+                             by_rows, lane_columns, at::Tensor());
+}
+
+// The per-pair sums of the parameters' gradients: a zeroed (K, B) tensor of S's dtype on its device.
+at::Tensor zeroed_sums(const at::Tensor& S, int64_t K) {
+  TORCH_CHECK(S.is_cuda() && S.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
+  const c10::cuda::CUDAGuard guard(S.device());
+  return at::zeros({K, S.size(0)}, S.options());
+}
+
+// (grad_S, sums (3, B)): affine_backward and, per pair, grad_scores times d score / d gap_open and
+// d score / d gap_extend, and <S, grad_S> (the gradients of the gaps and the temperature, ops.py).
+std::tuple<at::Tensor, at::Tensor> op_affine_backward_parameters(
+    const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state, const at::Tensor& best,
+    const at::Tensor& failed, const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
+    double gap_open, double gap_extend, double temperature, bool by_rows, int64_t lane_columns) {
+  at::Tensor sums = zeroed_sums(S, 3);
+  at::Tensor grad_S = affine_backward_any(grad_scores, S, state, best, failed, qlen, tlen, gap_open, gap_extend,
+                                          temperature, by_rows, lane_columns, sums);
+  return {grad_S, sums};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -851,10 +992,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> op_forward(
   return {r[0], r[1].reshape({-1}), r[2], at::zeros({1}, S.options().dtype(at::kInt))};
 }
 
-at::Tensor op_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
-                       const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
-                       const std::optional<at::Tensor>& tlen, double gap, double temperature, bool by_rows,
-                       int64_t lane_columns) {
+// grad_S from op_forward's (state, best, failed) with the same by_rows and lane_columns, and with sums
+// (zeroed, (2, B)) backward_parameters' sums.
+at::Tensor backward_any(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                        const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                        const std::optional<at::Tensor>& tlen, double gap, double temperature, bool by_rows,
+                        int64_t lane_columns, const at::Tensor& sums) {
   TORCH_CHECK(S.is_cuda() && S.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   const int64_t B = S.size(0), M = S.size(1), N = S.size(2);
   if (by_rows) {
@@ -862,20 +1005,43 @@ at::Tensor op_backward(const at::Tensor& grad_scores, const at::Tensor& S, const
     TORCH_CHECK(state.dim() == 1 && state.numel() == B * sw_cuda_rows_kept_floats(M),
                 "kept rows do not match the score matrix (they come from forward with by_rows)");
     at::Tensor grad_S = backward_rows(grad_scores, S, state.view({B, sw_cuda_rows_kept_floats(M)}), best, failed,
-                                      qlen, tlen, gap, temperature);
+                                      qlen, tlen, gap, temperature, sums);
     if (grad_S.defined()) return grad_S;
     // Some pair's rows left the scaled range (its score came from log space): the DP table's path for
     // the batch, its table computed now.
     std::vector<at::Tensor> r = forward(S, qlen, tlen, gap, temperature, true, 0, true, std::nullopt);
-    return backward(grad_scores, S, r[1], r[2], qlen, tlen, gap, temperature, 0);
+    return backward(grad_scores, S, r[1], r[2], qlen, tlen, gap, temperature, 0, sums);
   }
-  TORCH_CHECK(lane_columns_allowed(lane_columns, false),
-              "lane_columns must be 0 (automatic), 1 or 4, got " + std::to_string(lane_columns));
+  TORCH_CHECK(lane_columns_allowed(lane_columns, false, true),
+              "lane_columns must be 0 (automatic), 1, 4 or -1 (tiles of long pairs), got " + std::to_string(lane_columns));
+  if (tiles_take(S, lane_columns))  // the state is the tiles' last rows and columns (flat)
+    return backward(grad_scores, S, state, best, qlen, tlen, gap, temperature, lane_columns, sums);
   const int R = lane_columns_for(B, lane_columns, false);
   const int64_t columns = sw_cuda_table_columns(N, R);
   TORCH_CHECK(state.dim() == 1 && state.numel() == B * M * columns,
               "the DP table does not match the score matrix (it comes from forward with the same lane_columns)");
-  return backward(grad_scores, S, state.view({B, M, columns}), best, qlen, tlen, gap, temperature, lane_columns);
+  return backward(grad_scores, S, state.view({B, M, columns}), best, qlen, tlen, gap, temperature, lane_columns,
+                  sums);
+}
+
+at::Tensor op_backward(const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state,
+                       const at::Tensor& best, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
+                       const std::optional<at::Tensor>& tlen, double gap, double temperature, bool by_rows,
+                       int64_t lane_columns) {
+  return backward_any(grad_scores, S, state, best, failed, qlen, tlen, gap, temperature, by_rows, lane_columns,
+                      at::Tensor());
+}
+
+// (grad_S, sums (2, B)): backward and, per pair, grad_scores times d score / d gap and <S, grad_S> (the
+// gradients of the gap and the temperature, ops.py).
+std::tuple<at::Tensor, at::Tensor> op_backward_parameters(
+    const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state, const at::Tensor& best,
+    const at::Tensor& failed, const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen, double gap,
+    double temperature, bool by_rows, int64_t lane_columns) {
+  at::Tensor sums = zeroed_sums(S, 2);
+  at::Tensor grad_S =
+      backward_any(grad_scores, S, state, best, failed, qlen, tlen, gap, temperature, by_rows, lane_columns, sums);
+  return {grad_S, sums};
 }
 
 }  // namespace
@@ -892,6 +1058,8 @@ TORCH_LIBRARY_IMPL(swcli, CUDA, m) {
   m.impl("affine_scores_codes", &op_affine_scores_codes);
   m.impl("affine_forward", &op_affine_forward);
   m.impl("affine_backward", &op_affine_backward);
+  m.impl("backward_parameters", &op_backward_parameters);
+  m.impl("affine_backward_parameters", &op_affine_backward_parameters);
   m.impl("search_scores_s16", &op_search_scores_s16);
   m.impl("search_scores_soft", &op_search_scores_soft);
 }

@@ -79,15 +79,20 @@ struct Staging {
 
 // A lane's 8 columns of S in row i (0 for columns past N, and past the row count), as two 16-byte loads
 // that leave L2 early (S is read once here). Not ALIGNED: columns lane, lane + 32, ... (arrange_row then
-// gives the lane its own).
-template <bool ALIGNED>
+// gives the lane its own). KEEP: loads that stay in L2 like any other (the backward with SUMS reads each
+// row again in the band's adjoint, a few microseconds later, for <S, grad_S>).
+template <bool ALIGNED, bool KEEP = false>
 __device__ __forceinline__ void load_score_row(const float* Sb, int i, int rows, int N, int col, float (&v)[kRowCols]) {
+  const auto load4 = [](const float* at) {
+    return KEEP ? __ldcg(reinterpret_cast<const float4*>(at)) : __ldcs(reinterpret_cast<const float4*>(at));
+  };
+  const auto load1 = [](const float* at) { return KEEP ? __ldcg(at) : __ldcs(at); };
   if constexpr (ALIGNED) {
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
     if (i < rows) {
       const float* at = Sb + int64_t(i) * N + col;
-      if (col < N) a = __ldcs(reinterpret_cast<const float4*>(at));
-      if (col + 4 < N) b = __ldcs(reinterpret_cast<const float4*>(at + 4));
+      if (col < N) a = load4(at);
+      if (col + 4 < N) b = load4(at + 4);
     }
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   } else {
@@ -96,7 +101,7 @@ __device__ __forceinline__ void load_score_row(const float* Sb, int i, int rows,
 #pragma unroll
     for (int r = 0; r < kRowCols; ++r) {
       const int c = r * kWarp + lane;
-      v[r] = i < rows && c < N ? __ldcs(row + c) : 0.0f;
+      v[r] = i < rows && c < N ? load1(row + c) : 0.0f;
     }
   }
 }
@@ -279,10 +284,21 @@ struct Below {
 // One row i of the adjoint (E of it and of the row above), from the row below: writes the gradient row and
 // makes `below` row i. SEED: the best cell's row, the first (nothing comes from below it): the seed g
 // enters as w from below-right of the best cell, at column seed_col of this lane (or -1).
-template <bool MASKED, bool ALIGNED, bool SEED>
+//
+// SUMS: adds to sum the flow along the row's gap edges, Ahat (G E_left + G 2^(sigma_u - sigma_r) E_up) a cell
+// (A times the two gap terms' weights, each over E: scale-free), and <S, w> over the row, S read again from
+// Sb (row i) where the band's loads left it in L2.
+template <bool MASKED, bool ALIGNED, bool SEED, bool SUMS = false>
 __device__ __forceinline__ void adjoint_row(const float (&Er)[kRowCols], int sig_r, const float (&Eu)[kRowCols],
                                             int sig_u, Below& below, float seed, int seed_col, int valid, int lane,
-                                            const RowConsts& k, float* grad_row, int col, int N, Staging& st) {
+                                            const RowConsts& k, float* grad_row, int col, int N, Staging& st,
+                                            PairSums<float, 2>* sum = nullptr, const float* Sb = nullptr,
+                                            int i = 0) {
+  float s[kRowCols];  // SUMS: the row's scores, loaded first: their latency runs under the scans
+  if (SUMS) {
+    load_score_row<ALIGNED>(Sb, i, i + 1, N, col, s);
+    arrange_row<ALIGNED>(s, st, lane);
+  }
   const float G = k.G;
   const float one = __int_as_float(max(127 - sig_r, 0) << 23);
   const float fsig = float(sig_r);
@@ -327,6 +343,10 @@ __device__ __forceinline__ void adjoint_row(const float (&Er)[kRowCols], int sig
     float a = fmaf(k.Gpow[kRowCols - 1 - r], carry, y[r]);
     if (MASKED) a = r < valid ? a : 0.0f;
     below.A[r] = a, below.w[r] = a * Q[r];
+    if (SUMS) {
+      sum->add_flow(0, a, fmaf(G, r > 0 ? Er[r - 1] : left, Gu * Eu[r]));
+      sum->add_flow(1, below.w[r], s[r]);
+    }
   }
   below.sig = sig_r;
   store_gradient_row<ALIGNED>(grad_row, below.w, col, N, st);

@@ -1,0 +1,252 @@
+// A lockstep emulation of the CUDA features kernels/cuda/long_pairs.cu uses, so that the kernels' own source runs on
+// the CPU (tests/test_long_pairs_emulated.py; tests/cuda_emulation/emulate.py builds it). Each thread of a block
+// is a fiber (ucontext), blocks run one after another, and every warp primitive (shuffle, vote, __syncwarp,
+// __syncthreads) is a round in which every live thread of the block arrives before any goes on. It serves code
+// whose threads of a block meet the same primitives in the same order (a return is a whole block's), and says
+// nothing of speed, of the memory model between blocks, or of the special functions' rounding (ex2 and lg2
+// are exp2f and log2f here).
+#pragma once
+
+#include <math.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static  // blocks run one at a time: a function's static is its block's
+#define __align__(n) alignas(n)
+
+using std::isfinite;
+using std::max;
+using std::min;
+
+typedef int cudaError_t;
+constexpr cudaError_t cudaSuccess = 0;
+typedef void* cudaStream_t;
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount };
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+template <class F>
+cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t) { return "emulated"; }
+
+struct float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct uint3 {
+  unsigned x, y, z;
+};
+
+namespace emu {
+
+struct Fiber {
+  ucontext_t ctx;
+  std::vector<char> stack;
+  bool done;
+  int id;
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  ucontext_t scheduler;
+  Fiber* current = nullptr;
+  std::function<void()> body;
+  std::vector<unsigned char> slots;  // 8 bytes a thread, for shuffles and votes
+  std::vector<unsigned char> dynamic_shared;
+};
+
+inline Block& block() {
+  static Block b;
+  return b;
+}
+
+}  // namespace emu
+
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+namespace emu {
+
+// A round: this thread waits until every live thread of the block has arrived.
+inline void round() {
+  Block& b = block();
+  swapcontext(&b.current->ctx, &b.scheduler);
+}
+
+inline void trampoline(int id) {
+  Block& b = block();
+  b.body();
+  b.fibers[id].done = true;
+  swapcontext(&b.fibers[id].ctx, &b.scheduler);
+}
+
+// Runs body in every thread of every block, blocks in order.
+inline void launch(dim3 grid, dim3 threads, size_t shared_bytes, std::function<void()> body) {
+  Block& b = block();
+  gridDim = grid;
+  blockDim = threads;
+  const unsigned n = threads.x * threads.y * threads.z;
+  b.fibers.resize(n);
+  b.slots.assign(8 * n, 0);
+  b.body = body;
+  for (unsigned bx = 0; bx < grid.x; ++bx) {
+    blockIdx = {bx, 0, 0};
+    b.dynamic_shared.assign(shared_bytes, 0xff);  // NaN everywhere: a read of what was never written shows
+    for (unsigned t = 0; t < n; ++t) {
+      Fiber& f = b.fibers[t];
+      f.id = int(t);
+      f.done = false;
+      f.stack.resize(1 << 18);
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack.data();
+      f.ctx.uc_stack.ss_size = f.stack.size();
+      f.ctx.uc_link = nullptr;
+      makecontext(&f.ctx, reinterpret_cast<void (*)()>(trampoline), 1, int(t));
+    }
+    for (;;) {
+      bool any = false;
+      for (unsigned t = 0; t < n; ++t) {
+        Fiber& f = b.fibers[t];
+        if (f.done) continue;
+        any = true;
+        b.current = &f;
+        threadIdx = {t, 0, 0};
+        swapcontext(&b.scheduler, &f.ctx);
+      }
+      if (!any) break;
+    }
+  }
+}
+
+template <class T>
+T* dynamic_shared() {
+  return reinterpret_cast<T*>(block().dynamic_shared.data());
+}
+
+inline int lane() { return int(threadIdx.x % 32); }
+
+// Every thread writes its value, then reads the one of thread `from` of its warp.
+template <class T>
+T exchange(T v, int from) {
+  static_assert(sizeof(T) <= 8, "8 bytes a thread");
+  Block& b = block();
+  std::memcpy(&b.slots[8 * threadIdx.x], &v, sizeof(T));
+  round();
+  T r;
+  std::memcpy(&r, &b.slots[8 * ((threadIdx.x / 32) * 32 + from)], sizeof(T));
+  round();
+  return r;
+}
+
+}  // namespace emu
+
+template <class T>
+T __shfl_up_sync(unsigned, T v, int d) {
+  const int l = emu::lane();
+  return emu::exchange(v, l >= d ? l - d : l);
+}
+template <class T>
+T __shfl_down_sync(unsigned, T v, int d) {
+  const int l = emu::lane();
+  return emu::exchange(v, l + d < 32 ? l + d : l);
+}
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int m) {
+  return emu::exchange(v, emu::lane() ^ m);
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int from) {
+  return emu::exchange(v, from & 31);
+}
+inline bool __all_sync(unsigned, bool p) {
+  bool all = true;
+  for (int l = 0; l < 32; ++l) all = emu::exchange(p, l) && all;
+  return all;
+}
+inline bool __any_sync(unsigned, bool p) {
+  bool any = false;
+  for (int l = 0; l < 32; ++l) any = emu::exchange(p, l) || any;
+  return any;
+}
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::round(); }
+inline void __syncthreads() { emu::round(); }
+inline int __syncthreads_and(int p) {
+  emu::round();
+  return p;  // single-warp use only
+}
+inline void __threadfence_block() {}
+inline void __nanosleep(unsigned) {}
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p += v;
+  return old;
+}
+inline int atomicExch(int* p, int v) {
+  const int old = *p;
+  *p = v;
+  return old;
+}
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = std::max(old, v);
+  return old;
+}
+inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
+
+template <class T>
+T __ldg(const T* p) {
+  return *p;
+}
+template <class T>
+T __ldcg(const T* p) {
+  return *p;
+}
+template <class T>
+T __ldcs(const T* p) {
+  return *p;
+}
+template <class T>
+void __stcg(T* p, T v) {
+  *p = v;
+}
+template <class T>
+void __stcs(T* p, T v) {
+  *p = v;
+}
+namespace emu {
+template <class To, class From>
+To bits(From x) {
+  static_assert(sizeof(To) == sizeof(From), "a reinterpretation of the same bits");
+  To to;
+  std::memcpy(&to, &x, sizeof(To));
+  return to;
+}
+}  // namespace emu
+inline float __int_as_float(int x) { return emu::bits<float>(x); }
+inline float __uint_as_float(unsigned x) { return emu::bits<float>(x); }
+inline unsigned __float_as_uint(float x) { return emu::bits<unsigned>(x); }
+inline int __float_as_int(float x) { return emu::bits<int>(x); }
+
+// The PTX of common.cuh, as the preprocessing (emulate.py) rewrites it.
+namespace emu {
+inline float max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
+inline float min_nan(float a, float b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
+inline float ex2(float x) { return exp2f(x); }
+inline float lg2(float x) { return log2f(x); }
+}  // namespace emu

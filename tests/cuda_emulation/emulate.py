@@ -1,0 +1,138 @@
+"""kernels/cuda/long_pairs.cu, its headers and its host launchers, built for the CPU against the emulation in
+cuda_runtime.h beside this file, and called through ctypes: the CUDA source itself, run where there is no GPU.
+
+The copy is rewritten only where a host compiler cannot take CUDA: the PTX of common.cuh and sources.cuh
+becomes emu:: calls, the kernel launches `kernel<<<grid, block, shared, stream>>>(args)` become
+`emu::launch(grid, block, shared, [&] { kernel(args); })`, and the dynamic shared memory a pointer into the
+emulated block's. Everything else compiles as written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+KERNELS = HERE.parent.parent / "kernels" / "cuda"
+
+PTX = {
+    'asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));': "r = emu::max_nan(a, b);",
+    'asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));': "r = emu::min_nan(a, b);",
+    'asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));': "r = emu::ex2(x);",
+    'asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));': "r = emu::lg2(x);",
+    'asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v[r]) : "r"(offs[r] + row[d]));': "v[r] = 0.0f;",
+}
+DYNAMIC_SHARED = ("extern __shared__ float4 kept_shared[];",
+                  "float4* const kept_shared = emu::dynamic_shared<float4>();")
+
+
+def split_top_level(text: str) -> list[str]:
+    """text split at the commas outside any brackets."""
+    parts, depth, current = [], 0, ""
+    for c in text:
+        depth += (c in "(<[") - (c in ")>]")
+        if c == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += c
+    return [p.strip() for p in parts + [current]]
+
+
+def rewrite_launches(source: str) -> str:
+    """Every `callee<<<config>>>(args);` as an emu::launch of a lambda that calls callee(args)."""
+    out, pos = [], 0
+    while (start := source.find("<<<", pos)) >= 0:
+        i, depth = start - 1, 0  # back over the callee, template arguments included
+        while i >= 0 and (depth > 0 or source[i].isalnum() or source[i] in "_:<>"):
+            depth += (source[i] == ">") - (source[i] == "<")
+            i -= 1
+        end = source.index(">>>", start)
+        config = split_top_level(source[start + 3:end])
+        j, depth = end + 3, 0  # the call's closing parenthesis
+        while True:
+            depth += (source[j] == "(") - (source[j] == ")")
+            if depth == 0:
+                break
+            j += 1
+        shared = config[2] if len(config) > 2 else "0"
+        out.append(source[pos:i + 1])
+        out.append(f"emu::launch(dim3({config[0]}), dim3({config[1]}), size_t({shared}), "
+                   f"[&] {{ {source[i + 1:start]}({source[end + 4:j]}); }})")
+        pos = j + 1
+    return "".join(out) + source[pos:]
+
+
+def build(folder: Path) -> Path:
+    """The emulated long_pairs.cu as a shared library in folder."""
+    copy = folder / "src"
+    copy.mkdir(parents=True, exist_ok=True)
+    for path in KERNELS.iterdir():
+        if path.suffix not in (".h", ".cuh", ".cu"):
+            continue
+        text = path.read_text()
+        for old, new in PTX.items():
+            text = text.replace(old, new)
+        if path.suffix == ".cu":
+            text = rewrite_launches(text.replace(*DYNAMIC_SHARED))
+        (copy / path.name).write_text(text)
+    library = folder / "emulated_long_pairs.so"
+    compiler = os.environ.get("CXX", "g++")
+    subprocess.run([compiler, "-std=c++17", "-O2", "-shared", "-fPIC", "-w", f"-I{HERE}", f"-I{copy}", "-x", "c++",
+                    str(copy / "long_pairs.cu"), str(HERE / "driver.cpp"), "-o", str(library)], check=True)
+    return library
+
+
+class EmulatedLongPairs:
+    """The engine's tiles of long pairs (sw_cuda_long_forward / _backward), emulated, on numpy arrays. Every
+    buffer the kernels fill starts as NaN, so an element they leave unwritten shows."""
+
+    def __init__(self, library: Path):
+        lib = ctypes.CDLL(str(library))
+        sizes = (ctypes.c_int64,) * 3
+        for name in ("emu_state_floats", "emu_tiles", "emu_flow_floats"):
+            getattr(lib, name).restype = ctypes.c_int64
+            getattr(lib, name).argtypes = sizes
+        lib.emu_forward.argtypes = sizes + (ctypes.c_void_p,) * 9 + (ctypes.c_double,) * 2
+        lib.emu_backward.argtypes = sizes + (ctypes.c_void_p,) * 8 + (ctypes.c_double,) * 2
+        self.lib = lib
+
+    @staticmethod
+    def _pointer(array):
+        return None if array is None else array.ctypes.data_as(ctypes.c_void_p)
+
+    def forward(self, S: np.ndarray, qlen, tlen, gap: float, t: float):
+        """(scores, best_at, state, pairs counted in log space) of float32 S (B, M, N)."""
+        B, M, N = S.shape
+        p = self._pointer
+        S = np.ascontiguousarray(S, dtype=np.float32)
+        qlen = None if qlen is None else np.ascontiguousarray(qlen, dtype=np.int64)
+        tlen = None if tlen is None else np.ascontiguousarray(tlen, dtype=np.int64)
+        scores, best_at = np.full(B, np.nan, np.float32), np.full(B, -2, np.int64)
+        state = np.full(self.lib.emu_state_floats(B, M, N), np.nan, np.float32)
+        tiles = self.lib.emu_tiles(B, M, N)
+        tile_best, tile_at = np.full(tiles, np.nan, np.float32), np.full(tiles, -2, np.int64)
+        counted = np.zeros(1, np.int32)
+        error = self.lib.emu_forward(B, M, N, p(qlen), p(tlen), p(S), p(scores), p(best_at), p(state), p(tile_best),
+                                     p(tile_at), p(counted), gap, t)
+        assert error == 0
+        return scores, best_at, state, int(counted[0])
+
+    def backward(self, grad: np.ndarray, S: np.ndarray, qlen, tlen, state, best_at, gap: float, t: float) -> np.ndarray:
+        """d (sum of grad * scores) / d S from forward's state and best_at."""
+        B, M, N = S.shape
+        p = self._pointer
+        S = np.ascontiguousarray(S, dtype=np.float32)
+        qlen = None if qlen is None else np.ascontiguousarray(qlen, dtype=np.int64)
+        tlen = None if tlen is None else np.ascontiguousarray(tlen, dtype=np.int64)
+        grad = np.ascontiguousarray(grad, dtype=np.float32)
+        grad_S = np.full((B, M, N), np.nan, np.float32)
+        flows = np.full(self.lib.emu_flow_floats(B, M, N), np.nan, np.float32)
+        error = self.lib.emu_backward(B, M, N, p(qlen), p(tlen), p(grad), p(S), p(state), p(best_at), p(grad_S),
+                                      p(flows), gap, t)
+        assert error == 0
+        return grad_S
