@@ -158,7 +158,7 @@ def swcli_runs(queries: str, fasta: str, folder: Path, work: Path, backend: str,
                 "seconds": stats.seconds, "kernel_gcups": stats.kernel_gcups, "gcups": stats.gcups,
                 "ratio": stats.kernel_seconds / stats.seconds, "sequences": stats.sequences,
                 "residues": stats.residues, "host_bytes": stats.host_bytes, "device_bytes": stats.device_bytes,
-                "resident": stats.resident,
+                "resident": stats.resident, "kernel": stats.kernel, "rescored": stats.rescored,
                 "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None}
 
     # the warm-up: the first two queries at both temperatures (first calls, pinned buffers, page cache)
@@ -173,7 +173,8 @@ def swcli_runs(queries: str, fasta: str, folder: Path, work: Path, backend: str,
             runs.append(one(source, t, work / f"swcli_t{t:g}_{name}.tsv"))
             r = runs[-1]
             print(f"swcli t={t:g} {name}: {r['kernel_gcups']:.1f} GCUPS kernel, {r['gcups']:.1f} end to end "
-                  f"({r['ratio']:.1%}), {r['seconds']:.2f} s", flush=True)
+                  f"({r['ratio']:.1%}), {r['seconds']:.2f} s; {r['kernel']}, {r['rescored']:,} pairs scored again",
+                  flush=True)
     machine = {"torch": torch.__version__, "backend": backend, "startup_seconds": startup,
                "gpu": torch.cuda.get_device_name() if cuda else None,
                "warmup": [{k: w[k] for k in ("t", "queries", "seconds", "kernel_gcups", "peak_gpu_bytes")}
@@ -242,6 +243,11 @@ def table(record: dict) -> str:
         if warm and warm[0]["peak_gpu_bytes"] is not None and r["peak_gpu_bytes"] is not None:
             notes.append(f"peak GPU memory at t=0, folder: {warm[0]['peak_gpu_bytes'] / 2**20:,.0f} MiB for "
                          f"{warm[0]['queries']} queries, {r['peak_gpu_bytes'] / 2**20:,.0f} MiB for {r['queries']}")
+    for t in sorted({r["t"] for r in record.get("swcli", [])}):
+        r = next(r for r in record["swcli"] if r["t"] == t)
+        if r.get("kernel"):
+            notes.append(f"swcli at t={t:g}: {r['kernel']}; pairs it flagged and the general op scored again: "
+                         f"{r['rescored']:,} of {r['queries'] * r['sequences']:,}")
     if record.get("folder_equals_fasta"):
         notes.append("TSV from the folder identical to the TSV from the FASTA: " +
                      ", ".join(f"{t} {'yes' if same else 'NO'}" for t, same in record["folder_equals_fasta"].items()))

@@ -680,6 +680,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
                                 gap_open=settings.gap_open, gap_extend=settings.gap_extend, rank=rank,
                                 rows=shard_bounds(db.offsets, group.size)[group.rank])
             stats.device_bytes, stats.resident = searcher.device_bytes, searcher.resident is not None
+            stats.kernel = searcher.kernel_name
             if group.leader:
                 bar = stack.enter_context(progress(len(records))) if progress else None
                 out = stack.enter_context(TsvWriter(output, header, formatter.columns if formatter else COLUMNS))
@@ -695,6 +696,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
             stats.queries += 1
             stats.cells += len(records[k].sequence) * db.residues
             stats.kernel_seconds += seconds
+            stats.rescored = searcher.rescored
             if group.leader:
                 inject(group, f"write:{k}")
                 write(rows_of.put(records[k], codes[k], found))
@@ -739,7 +741,7 @@ def search_shard(group: Group, searcher, query_codes: list[bytes], consume, drai
                 keys = None
                 if failure is None:
                     try:
-                        wait_for(pool.submit(counted_call, searcher.rescore_overflows, previous))
+                        wait_for(pool.submit(counted_call, searcher.rescore_flagged, previous))
                         keys = previous.keys
                     except Exception as exc:
                         failure = exc

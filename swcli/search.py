@@ -18,6 +18,7 @@ scored.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -43,6 +44,7 @@ class Block:
     lengths: torch.Tensor  # (n,) int64
     tiebreak: torch.Tensor  # (owned rows,) int64: LOW - database order of each row, the low half of its key
     owned: slice | None = None  # a shard's rows of the block (the others have length 0); None: every row
+    host_lengths: np.ndarray | None = None  # the lengths on the host, where known (SoftSearch cuts runs by them)
 
     @property
     def nbytes(self) -> int:
@@ -60,8 +62,9 @@ class Hits:
 class SearchStats:
     """What a search did, for the progress bar and benchmarks. cells: qlen x tlen summed over every
     (query, database sequence) pair, the work whatever the padding. kernel_seconds: the scoring calls
-    alone (on CUDA the sum of CUDA-event intervals around them, read once per query; on the CPU the
-    host clock around them). seconds: the whole run, queries read to output written."""
+    alone, a search kernel's flagged pairs scored again included (on CUDA the sum of CUDA-event intervals
+    around them, read once per query; on the CPU the host clock around them). seconds: the whole run,
+    queries read to output written."""
 
     queries: int = 0  # done so far
     total: int = 0  # queries read
@@ -71,6 +74,8 @@ class SearchStats:
     sequences: int = 0
     residues: int = 0
     host_bytes: int = 0  # the database's arrays and ids on the host (memory-mapped for a prepared folder)
+    rescored: int = 0  # pairs a search kernel flagged and the general op scored again (this process's)
+    kernel: str = ""  # what scored the blocks (Searcher.kernel_name)
     device_bytes: int = 0  # the padded blocks kept on the device (0 when streamed)
     resident: bool = False
     started: float = field(default_factory=time.perf_counter)
@@ -182,7 +187,7 @@ def make_block(database: Database, start: int, stop: int, device, flat: torch.Te
     # row-major, the cells inside the lengths are the block's residues in order: one masked scatter
     codes = torch.zeros((stop - start, width), dtype=torch.uint8, device=residues.device)
     rows = slice(first - start, last - start) if owned is not None else None
-    return Block(codes.masked_scatter_(inside, residues), block_lengths, tiebreak, rows)
+    return Block(codes.masked_scatter_(inside, residues), block_lengths, tiebreak, rows, np.asarray(lengths))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,17 +232,150 @@ class ExactSearch:
                                                  self.gap_extend, self.limit)
 
 
+class SoftSearch:
+    """The soft search kernel's set-up (kernels/cuda/search_soft.cu), for CUDA searches at t > 0 in float32:
+    the table of powers P = 2^(S c), c = log2(e) / t, the gap factors, and the limits of its scaled space,
+    derived here from the matrix, t and the gaps so that the kernel's checks hold (its header says why):
+
+    * upper U: one step's growth stays in the float range (the growth factor of a cell over its segment's
+      largest value or its input, and for affine gaps X~ = X / O up to 2^(-o c) above H);
+    * middle T, lower L: a segment rescaled lands at 2^T; rescaled up once below 2^L (DROP, RISE below);
+    * floor F: a flushed term (under 2^-126) times the largest P stays under 2^-26 of a cell above 2^-F;
+    * bound: the padding's cells are at most max(best inside, bound), 1 / (1 - 2G) (affine
+      1 / (1 - 2 O / (1 - E + O))), so a best cell above it is a cell of the target.
+
+    None (the general op then scores the search) where the kernel cannot hold the settings: a gap factor
+    2G (affine O + E) past 0.9, where padding could pass the bound or grow; U under MIN_UPPER or F under
+    MIN_FLOOR (low t or large scores); a matrix with NaN or +inf, or too many letters for the shared
+    memory; or where a typical strong alignment would spread a segment's 8 cells past what the floor
+    allows (plan's spread: such pairs would all be flagged and scored again)."""
+
+    SEGMENT = 8  # columns a scale (the kernel's kSegment)
+    # The kernel's single-tile widths (G R of kLinearShapes and kAffineShapes in search_soft.cu): a block's
+    # rows are scored in runs whose lengths fall between two of them (or past the last), each run with the
+    # shape that fits it, since a target pays its last tile whole.
+    WIDTHS = {False: (64, 128, 192, 256, 384, 512, 768, 1024), True: (64, 128, 192, 384, 768)}
+    DROP, RISE = 24, 40  # a segment rescaled lands at 2^(U - DROP), and is rescaled up below 2^(U - DROP - RISE)
+    MIN_UPPER, MIN_FLOOR = 48, 24
+    LETTERS = 55  # the most letters whose profile rings fit 96 KB of shared memory a block
+
+    def __init__(self, powers: torch.Tensor, settings: dict):
+        self.powers = powers
+        self.settings = settings
+
+    @classmethod
+    def plan(cls, matrix: torch.Tensor, temperature: float, gap: float | None, gap_open: float | None,
+             gap_extend: float | None) -> dict | None:
+        """The kernel's settings (the op's arguments but the tensors) and its powers as a float32 numpy
+        table, or None where the kernel does not take the search (the class's docstring)."""
+        affine = gap_open is not None
+        gaps = (gap_open, gap_extend) if affine else (gap, gap)
+        if not (temperature > 0 and math.isfinite(temperature)) or not all(
+                g is not None and math.isfinite(g) and g <= 0 for g in gaps) or gaps[0] > gaps[1]:
+            return None  # (the general path's checks say what is wrong)
+        S = matrix.detach().to("cpu", torch.float64).numpy()
+        K = S.shape[0]
+        if K > cls.LETTERS or np.isnan(S).any() or (S == np.inf).any():
+            return None
+        c = math.log2(math.e) / temperature
+        with np.errstate(over="ignore"):  # past the float range: refused just below
+            powers = np.exp2(S * c).astype(np.float32)
+        largest = float(powers.max())
+        if not math.isfinite(largest) or largest <= 0:
+            return None
+        diagonal = max(float(np.mean(np.diag(S)[np.isfinite(np.diag(S))])) if np.isfinite(np.diag(S)).any() else 0.0,
+                       0.0) * c
+        if affine:
+            o, e = 2.0 ** (gap_open * c), 2.0 ** (gap_extend * c)
+            factors = (float(np.float32(o)), float(np.float32(e - o)))
+            growth = (largest + 2) * (1 + o / (1 - e)) + 1 if e < 1 else math.inf
+            above, bound = math.ceil(-gap_open * c), 1 / (1 - 2 * o / (1 - (e - o))) if o + e < 1 else math.inf
+            holds = o + e <= 0.9
+            spread = 7 * diagonal - (gap_open + 6 * gap_extend) * c  # a diagonal 7 rows on, against a gap down 7
+        else:
+            g = 2.0 ** (gap * c)
+            factors = (float(np.float32(g)), 0.0)
+            growth = (1 + largest + g) / (1 - g) + 1 if g < 1 else math.inf
+            above, bound = 0, 1 / (1 - 2 * g) if 2 * g < 1 else math.inf
+            holds = 2 * g <= 0.9
+            spread = 7 * (diagonal - gap * c)
+        if not holds:
+            return None
+        upper = 126 - (math.ceil(math.log2(growth)) + 1) - above
+        middle = upper - cls.DROP
+        lower = middle - cls.RISE
+        floor = 100 - max(math.ceil(math.log2(largest)), 0)
+        if upper < cls.MIN_UPPER or floor < cls.MIN_FLOOR or spread > lower + floor:
+            return None
+        return {"powers": powers, "affine": affine, "gap_factor": factors[0], "extend_factor": factors[1],
+                "temperature": float(temperature), "upper": upper, "middle": middle, "lower": max(lower, -126),
+                "floor": floor, "bound": float(np.nextafter(np.float32(bound * (1 + 1e-5)), np.float32(np.inf)))}
+
+    @classmethod
+    def of(cls, matrix: torch.Tensor, temperature: float, gap: float | None, gap_open: float | None,
+           gap_extend: float | None) -> "SoftSearch | None":
+        """The set-up where the kernel takes the search (matrix on a CUDA device), else None."""
+        if not matrix.is_cuda:
+            return None
+        plan = cls.plan(matrix, temperature, gap, gap_open, gap_extend)
+        if plan is None:
+            return None
+        powers = torch.from_numpy(plan.pop("powers")).to(matrix.device)
+        load_engine("cuda")  # the kernel is the CUDA engine's: a library caller may not have loaded it
+        return cls(powers, plan)
+
+    @classmethod
+    def runs(cls, lengths: np.ndarray, affine: bool) -> list[tuple[int, int, int]]:
+        """A block's rows as (start, stop, longest) runs whose lengths fall in one class of WIDTHS (past
+        the last, one class). The rows are longest first, but a shard's block has rows of length 0 before
+        and after its own: such a row joins the run it sits in."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(lengths) == 0:
+            return []
+        classes = np.searchsorted(np.asarray(cls.WIDTHS[affine]), lengths).astype(np.float64)
+        classes[lengths == 0] = np.nan
+        known = np.flatnonzero(lengths > 0)
+        if len(known) == 0:
+            return [(0, len(lengths), 0)]
+        # a row of length 0 takes the class of the row before it (the first rows: of the first that has one)
+        filled = np.where(np.isnan(classes), classes[known[np.maximum(np.searchsorted(known, np.arange(len(lengths)),
+                                                                                      side="right") - 1, 0)]], classes)
+        cuts = np.flatnonzero(np.diff(filled)) + 1
+        bounds = [0, *cuts.tolist(), len(lengths)]
+        return [(a, b, int(lengths[a:b].max())) for a, b in zip(bounds, bounds[1:])]
+
+    def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued: the
+        block's rows in runs of one tile shape each where its lengths are known on the host (`runs`),
+        else in one call (its width sets the shape). A pair's score is the same either way."""
+        if block.host_lengths is None:
+            return self._call(query, block.codes, block.lengths, 0)
+        parts = [self._call(query, block.codes[a:b], block.lengths[a:b], width) if width > 0 else
+                 (torch.zeros(b - a, dtype=torch.float32, device=block.codes.device),
+                  torch.zeros(1, dtype=torch.int32, device=block.codes.device))
+                 for a, b, width in self.runs(block.host_lengths, self.settings["affine"])]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([p[0] for p in parts]), torch.stack([p[1] for p in parts]).sum(0, dtype=torch.int32)
+
+    def _call(self, query: torch.Tensor, codes: torch.Tensor, lengths: torch.Tensor, width: int):
+        s = self.settings
+        return torch.ops.swcli.search_scores_soft(query, codes, lengths, self.powers, width, s["affine"],
+                                                  s["gap_factor"], s["extend_factor"], s["temperature"], s["upper"],
+                                                  s["middle"], s["lower"], s["floor"], s["bound"])
+
+
 @dataclass
 class Pending:
     """A query whose work is queued: its best keys (on the device), and the timing of its scoring calls
-    (CUDA: event pairs, read once the keys are back; CPU: seconds). With the exact 16-bit kernel also
-    what its pairs past int16 need: the query, and per block its scores and their count of such pairs."""
+    (CUDA: event pairs, read once the keys are back; CPU: seconds). With a search kernel (ExactSearch,
+    SoftSearch) also what its flagged pairs need: the query, and per block its scores and their count."""
 
     keys: torch.Tensor | None  # None: an empty database
     events: list = field(default_factory=list)
     seconds: float = 0.0
     query: torch.Tensor | None = None
-    exact: list = field(default_factory=list)  # (block, scores (n,) int32, overflow count (1,))
+    flagged: list = field(default_factory=list)  # (block, kernel scores (n,), count of pairs flagged (1,))
     table: torch.Tensor | None = None  # ranked by E-value: the query's table (statistics.EvalueRanking)
     ranks: torch.Tensor | None = None  # and the keys' R
 
@@ -268,11 +406,15 @@ class Searcher:
         self.backend, self.device = backend, torch.device(device or "cpu")
         self.on_gpu = self.device.type == "cuda"
         self.matrix = matrix.to(self.device)
-        self.exact = (ExactSearch.of(self.matrix, temperature, gap, gap_open, gap_extend)
-                      if backend == "cuda" and self.on_gpu else None)
-        if self.exact is not None and len(database.codes) and int(np.asarray(database.codes).max()) >= len(matrix):
-            raise SwcliError(f"{database.source}: a residue code past the {len(matrix)}-letter matrix "
-                             "(the prepared database does not match it)")
+        # A search kernel scores whole blocks where it takes the settings (on CUDA): the exact 16-bit one at
+        # t = 0, the soft one at t > 0; else the general op from codes.
+        self.exact = self.soft = None
+        if backend == "cuda" and self.on_gpu:
+            self.exact = ExactSearch.of(self.matrix, temperature, gap, gap_open, gap_extend)
+            if self.exact is None:
+                self.soft = SoftSearch.of(self.matrix, temperature, gap, gap_open, gap_extend)
+        self.kernel = self.exact or self.soft
+        self.rescored = 0  # pairs a search kernel flagged, scored again through the general op
         self.lengths = database.lengths
         self.bounds = block_bounds(database, max_cells)
         self.owned = [None] * len(self.bounds)
@@ -288,15 +430,35 @@ class Searcher:
             self.ranking = EvalueRanking(rank, self.lengths, scored, len(database), self.device)
         padded = sum((stop - start) * int(self.lengths[start]) for start, stop in self.bounds)
         self.resident = None
+        # the residues of the rows scored (a shard's alone)
+        spans = [owned or bounds for bounds, owned in zip(self.bounds, self.owned)]
+        lo, hi = (int(database.offsets[spans[0][0]]), int(database.offsets[spans[-1][1]])) if spans else (0, 0)
+        flat = None
         if padded <= max_bytes and self.bounds:
-            # the residues of the rows scored (a shard's alone), once: a plain copy
-            spans = [owned or bounds for bounds, owned in zip(self.bounds, self.owned)]
-            lo, hi = int(database.offsets[spans[0][0]]), int(database.offsets[spans[-1][1]])
-            flat = _tensor(np.asarray(database.codes[lo:hi])).to(self.device)
+            flat = _tensor(np.asarray(database.codes[lo:hi])).to(self.device)  # once: a plain copy
             self.resident = [make_block(database, start, stop, self.device, flat, self.lengths, owned, lo)
                              for (start, stop), owned in zip(self.bounds, self.owned)]
         elif padded <= max_bytes:
             self.resident = []
+        if self.kernel is not None and hi > lo:
+            self.check_codes(database, flat, lo, hi)
+
+    @property
+    def kernel_name(self) -> str:
+        """What scores the blocks, in words (records and benchmarks)."""
+        if self.exact is not None:
+            return "the exact 16-bit kernel"
+        return "the soft search kernel" if self.soft is not None else "the op's sweep from codes"
+
+    def check_codes(self, database: Database, flat: torch.Tensor | None, lo: int, hi: int) -> None:
+        """The search kernels index their tables by the residues' codes: every code of the residues scored
+        [lo, hi) must be a letter of the matrix (a prepared database made for another matrix's alphabet
+        is refused when it is opened; this is the check that its codes agree). On the device where the
+        residues are there (one reduction, one read), else on the host, the span alone."""
+        largest = int(flat.max()) if flat is not None else int(np.asarray(database.codes[lo:hi]).max())
+        if largest >= len(self.matrix):
+            raise SwcliError(f"{database.source}: a residue code past the {len(self.matrix)}-letter matrix "
+                             "(the prepared database does not match it)")
 
     @property
     def device_bytes(self) -> int:
@@ -319,23 +481,15 @@ class Searcher:
             pending.table = _to(torch.from_numpy(self.ranking.table(len(codes))), self.device)
         for index, block in enumerate(self.blocks()):
             rows = block.codes.shape[0]
-            if self.on_gpu:
-                started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                started.record()
-            else:
-                began = time.perf_counter()
-            if self.exact is not None:
-                exact, overflows = self.exact.scores(query, block)
-                pending.exact.append((block, exact, overflows))
-                scores = exact.float()
+            timing = self.timing()
+            if self.kernel is not None:
+                scored, flagged = self.kernel.scores(query, block)
+                pending.flagged.append((block, scored, flagged))
+                scores = scored.float()
             else:
                 scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
                                              self.temperature, None, block.lengths, self.backend, **self.affine)
-            if self.on_gpu:
-                finished.record()
-                pending.events.append((started, finished))
-            else:
-                pending.seconds += time.perf_counter() - began
+            timing(pending)
             candidates.append(self.candidates(pending, index, block, scores))
         self.choose(pending, candidates)
         pending.query = query
@@ -358,29 +512,53 @@ class Searcher:
         elif candidates:
             pending.keys = top_keys(torch.cat(candidates), self.top)
 
-    def rescore_overflows(self, pending: Pending) -> None:
-        """Score the pairs the 16-bit kernel could not hold again in float32 (exact for integers below
-        2^24), and take the query's best keys again: rare (a score past 32767 - the largest matrix
-        score), so the work waits for the device here."""
-        if not pending.exact or int(torch.cat([count for _, _, count in pending.exact]).sum()) == 0:
+    def rescore_flagged(self, pending: Pending) -> None:
+        """Score the pairs a search kernel flagged (-1) again through the general op, and take the query's
+        best keys again: the exact kernel's pairs past int16 (in float32, exact for integers below 2^24),
+        the soft kernel's pairs its scaled space could not hold. Rare, so the work waits for the device
+        here: the blocks' counts in one read, then each block with flagged pairs."""
+        if not pending.flagged:
             return
+        counts = torch.cat([count for _, _, count in pending.flagged]).tolist()  # one read for all blocks
+        if not any(counts):
+            return
+        timing = self.timing()  # the scoring calls' time includes this rescoring
         candidates = []
-        for index, (block, exact, _) in enumerate(pending.exact):  # one entry per block, in order
-            scores = exact.float()
-            wide = (exact < 0).nonzero().flatten()
-            if len(wide):
+        for index, ((block, scored, _), count) in enumerate(zip(pending.flagged, counts)):  # one entry per block
+            scores = scored.float()
+            if count:
+                wide = (scored < 0).nonzero().flatten()
                 scores[wide] = score_checked_codes(
-                    pending.query.expand(len(wide), -1), block.codes[wide], self.matrix, self.gap, 0.0, None,
-                    block.lengths[wide], self.backend, **self.affine)
+                    pending.query.expand(len(wide), -1), block.codes[wide], self.matrix, self.gap, self.temperature,
+                    None, block.lengths[wide], self.backend, **self.affine)
+                self.rescored += len(wide)
             candidates.append(self.candidates(pending, index, block, scores))
+        timing(pending)
         self.choose(pending, candidates)
+
+    def timing(self):
+        """Starts timing scoring calls; the returned function ends it and adds the interval to a pending
+        query's: a pair of CUDA events (read once the query's work is done), or the host clock's seconds."""
+        if self.on_gpu:
+            started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            started.record()
+
+            def end(pending: Pending) -> None:
+                finished.record()
+                pending.events.append((started, finished))
+        else:
+            began = time.perf_counter()
+
+            def end(pending: Pending) -> None:
+                pending.seconds += time.perf_counter() - began
+        return end
 
     def finish(self, pending: Pending) -> tuple[Hits, float]:
         """A launched query's hits on the host, and the seconds of its scoring calls: the one wait for
         the device per query."""
         if pending.keys is None:  # an empty database
             return Hits(torch.zeros(0), torch.zeros(0, dtype=torch.int64)), pending.seconds
-        self.rescore_overflows(pending)
+        self.rescore_flagged(pending)
         keys = pending.keys.cpu()  # waits for the query's work
         return hits_of(keys, pending.ranks), pending.kernel_seconds()
 
@@ -483,7 +661,7 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
                         settings.device, max_bytes=max_bytes, gap_open=settings.gap_open,
                         gap_extend=settings.gap_extend, rank=rank)
-    stats.sequences, stats.residues = len(db), db.residues
+    stats.sequences, stats.residues, stats.kernel = len(db), db.residues, searcher.kernel_name
     stats.host_bytes, stats.device_bytes, stats.resident = db.nbytes, searcher.device_bytes, searcher.resident is not None
     pool = scoring_pool(searcher.device, "swcli-search")
     finished = False
@@ -498,6 +676,7 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
             stats.queries += 1
             stats.cells += len(query.sequence) * db.residues
             stats.kernel_seconds += seconds
+            stats.rescored = searcher.rescored
             yield from rows_of.put(query, query_codes[k - 1], found)
         yield from rows_of.drain()
         finished = True

@@ -20,6 +20,7 @@ change of that interface changes these helpers, not the tests.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 
 import numpy as np
@@ -465,6 +466,197 @@ class CudaEngineCalls:
         assert failed.item() == 0
         return scores, torch.ops.swcli.affine_backward(grad_out, S, kept, best_row, failed, qlen, tlen, gap_open,
                                                        gap_extend, t, True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Blocks of the search kernels' tests
+
+
+def search_block_lengths(width: int, around: list[int], seed: int, count: int = 40) -> list[int]:
+    """A block's target lengths, longest first: the lengths of `around` up to width, `count` random ones,
+    and the width itself first (a block's width sets a search kernel's tile shape)."""
+    rng = random.Random(seed)
+    lengths = sorted([L for L in around if L <= width] + [rng.randint(0, width) for _ in range(count)], reverse=True)
+    lengths[0] = width
+    return lengths
+
+
+def padded_code_targets(rng: torch.Generator, lengths: list[int], K: int, device, width: int | None = None):
+    """(B, width) random codes below K, junk past each length included, and the (B,) int64 lengths."""
+    width = max(lengths + [1]) if width is None else width
+    codes = torch.randint(0, K, (len(lengths), width), generator=rng, dtype=torch.uint8)
+    return codes.to(device), torch.tensor(lengths, dtype=torch.int64, device=device)
+
+
+def random_search_set(seed: int, matrix=None):
+    """A database of 301 random proteins of 1 to 80 or 200 to 700 residues, and the codes of 5 random
+    queries of 1 to 400: a search across the search kernels' short and long tile shapes."""
+    from swcli import database
+    from swcli.fasta import FastaRecord
+    from swcli.scoring import load_matrix
+
+    matrix = matrix or load_matrix("BLOSUM62")
+    rng = random.Random(seed)
+    sequences = [random_protein(rng, rng.choice([rng.randint(1, 80), rng.randint(200, 700)])) for _ in range(301)]
+    queries = [random_protein(rng, rng.randint(1, 400)) for _ in range(5)]
+    db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], matrix, "db.fa")
+    return db, [matrix.encode(q, lambda: "query") for q in queries]
+
+
+def search_block(targets: torch.Tensor, lengths: torch.Tensor):
+    """A search.Block of padded codes (database order 0 for every row: the kernels do not read it)."""
+    from swcli.search import Block
+
+    return Block(targets, lengths, torch.zeros_like(lengths))
+
+
+# --------------------------------------------------------------------------------------------------
+# The soft search kernel's algorithm in NumPy (kernels/cuda/search_soft.cu)
+
+_FLOAT_TINY = 2.0 ** -126
+
+
+def _ftz(x) -> np.ndarray:
+    """float32, values under the smallest normal flushed to 0 (the kernel's arithmetic)."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.where(np.abs(x) < _FLOAT_TINY, np.float32(0), x).astype(np.float32)
+
+
+def _fma(a, b, c) -> np.ndarray:
+    """A float32 fused multiply-add: the product exact in float64, the sum rounded there and again to
+    float32 (which can differ from one rounding in the last bit, rarely)."""
+    return _ftz(np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64))
+
+
+def _pow2(k) -> np.ndarray:
+    """2^k as float32 for integers k in [-126, 127], 0 below."""
+    k = np.asarray(k, dtype=np.int64)
+    return np.where(k < -126, np.float32(0), np.ldexp(np.float32(1), np.clip(k, -126, 127))).astype(np.float32)
+
+
+def _times_pow2(x, delta) -> np.ndarray:
+    """x 2^delta in two factors (delta clamped to [-252, 254]): exact wherever the result is normal."""
+    d = np.clip(np.asarray(delta, dtype=np.int64), -252, 254)
+    half = d >> 1
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _ftz(_ftz(np.asarray(x, np.float32) * _pow2(half)) * _pow2(d - half))
+
+
+def _exponent(x) -> np.ndarray:
+    return (np.asarray(x, np.float32).view(np.int32) >> 23).astype(np.int64) - 127
+
+
+def _scaled_key(sigma, x) -> np.ndarray:
+    return (np.asarray(sigma, np.int64) << 23) + np.asarray(x, np.float32).view(np.int32).astype(np.int64)
+
+
+def soft_segment_cells(up, yt, diag, left, xt, powers, one, plan: dict):
+    """One row of a segment's 8 cells (B, 8), in the kernel's order of operations: the stored values of
+    the row above (up) and, for affine gaps, Y~ of this row (yt), the diagonal factor of the first column
+    (diag), the input from the left (left; affine: and X~ entering, xt), P of each cell, the 1 (one).
+    Returns the row's values, Y~ of the next row, and X~ leaving the segment."""
+    gf, ef = np.float32(plan["gap_factor"]), np.float32(plan["extend_factor"])
+    cells, below = np.empty_like(up), yt.copy()
+    d = diag
+    for r in range(up.shape[1]):
+        if plan["affine"]:
+            x = _fma(gf, _ftz(xt + yt[:, r]), _fma(d, powers[:, r], one))
+            xt = _fma(ef, xt, x)
+            below[:, r] = _fma(ef, yt[:, r], x)
+        else:
+            x = _fma(left, gf, _fma(up[:, r], gf, _fma(d, powers[:, r], one)))
+            left = x
+        d = up[:, r]
+        cells[:, r] = x
+    return cells, below, xt
+
+
+def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, plan: dict,
+                      counts: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The soft search kernel's scores of one query (M,) against padded targets (B, N) with lengths (B,),
+    and which pairs it flags, from search.SoftSearch.plan's settings: the same cells, 8-column scales,
+    rescaling rules, checks and padding, segment by segment along each row (the order of the kernel's
+    wavefront within a row; its lanes and tiles hand on the same values). float32 with flushing, the
+    fused multiply-adds up to a last-bit rounding. counts, if given, gets the rescalings and segment
+    steps. Flagged pairs' scores are what the sweep ended with: the kernel writes -1 instead."""
+    from swcli.search import SoftSearch
+
+    seg = SoftSearch.SEGMENT
+    M, (B, N) = len(query), targets.shape
+    segments = max(1, -(-N // seg))
+    K = plan["powers"].shape[0]
+    letters = np.full((B, segments * seg), K, dtype=np.int64)
+    inside = np.arange(segments * seg)[None, :] < lengths[:, None]
+    letters[:, :N] = np.where(inside[:, :N], targets, K)
+    powers = np.concatenate([plan["powers"], np.zeros((K, 1), np.float32)], 1)
+    upper, lower = _pow2(plan["upper"]), _pow2(plan["lower"])
+    middle, floor = plan["middle"], plan["floor"]
+    up = np.ones((B, segments, seg), np.float32)
+    yt = np.ones((B, segments, seg), np.float32)
+    sigma = np.zeros((B, segments), np.int64)
+    one, diag = np.ones((B, segments), np.float32), np.ones((B, segments), np.float32)
+    best = np.zeros((B, segments), np.float32)
+    best_key = np.full(B, _scaled_key(0, np.float32(1)), np.int64)
+    failed = np.zeros(B, bool)
+    rescalings = 0
+
+    def fold(rows, s):
+        nonlocal best_key, failed
+        failed |= rows & ~(best[:, s] <= np.finfo(np.float32).max)
+        folded = np.where(rows & (best[:, s] > 0), _scaled_key(sigma[:, s], best[:, s]), best_key)
+        best_key = np.maximum(best_key, folded)
+        best[:, s] = np.where(rows, np.float32(0), best[:, s])
+
+    def rescale(rows, s, shift):
+        nonlocal rescalings
+        rescalings += int(rows.sum())
+        fold(rows, s)
+        sigma[:, s] = np.where(rows, sigma[:, s] + shift, sigma[:, s])
+        scaled = _times_pow2(up[:, s], -shift[:, None])
+        up[:, s] = np.where(rows[:, None], scaled, up[:, s])
+        yt[:, s] = np.where(rows[:, None], _times_pow2(yt[:, s], -shift[:, None]), yt[:, s])
+        diag[:, s] = np.where(rows, _times_pow2(diag[:, s], -shift), diag[:, s])
+        one[:, s] = np.where(sigma[:, s] <= 126, _pow2(-sigma[:, s]), np.float32(0))
+
+    for i in range(M):
+        P = powers[query[i]][letters].reshape(B, segments, seg)
+        x_in, xt_in, sig_in = np.ones(B, np.float32), np.ones(B, np.float32), np.zeros(B, np.int64)  # the border
+        for s in range(segments):
+            delta = sig_in - sigma[:, s]
+            lv, xt = _times_pow2(x_in, delta), _times_pow2(xt_in, delta)
+            over = ~(lv <= upper)
+            if over.any():  # the input past 2^U: the segment rescaled first, so that the input lands at 2^T
+                shift = np.where(over, _exponent(x_in) + delta - middle, 0)
+                rescale(over, s, shift)
+                delta = sig_in - sigma[:, s]
+                lv = np.where(over, _times_pow2(x_in, delta), lv)
+                xt = np.where(over, _times_pow2(xt_in, delta), xt)
+            up[:, s], yt[:, s], xt = soft_segment_cells(up[:, s], yt[:, s], diag[:, s], lv, xt, P[:, s], one[:, s],
+                                                        plan)
+            hi = np.max(up[:, s], 1)
+            best[:, s] = np.maximum(best[:, s], hi)
+            deep = sigma[:, s] > floor
+            if deep.any():  # the cells inside the target, against the floor
+                lo = np.min(np.where(inside[:, s * seg:(s + 1) * seg], up[:, s], np.inf), 1)
+                failed |= deep & ~(lo >= 2.0 ** -floor)
+            diag[:, s] = lv
+            x_in, xt_in, sig_in = up[:, s, -1].copy(), xt.copy(), sigma[:, s].copy()
+        for s in range(segments):  # the segments whose largest value left [2^L, 2^U] (2^L: while sigma > 0)
+            hi = np.max(up[:, s], 1)
+            need = (hi > upper) | ((hi < lower) & (sigma[:, s] > 0))
+            if need.any():
+                rescale(need, s, np.where(need, np.maximum(_exponent(hi) - middle, -sigma[:, s]), 0))
+    for s in range(segments):
+        fold(np.ones(B, bool), s)
+    exponent = (best_key >> 23) - 127
+    mantissa = ((best_key & 0x7FFFFF) | 0x3F800000).astype(np.int32).view(np.float32).astype(np.float64)
+    scores = plan["temperature"] * math.log(2) * (exponent + np.log2(mantissa))
+    flagged = (failed | (best_key <= _scaled_key(0, np.float32(plan["bound"])))) & (lengths > 0) & (M > 0)
+    scores = np.where((lengths > 0) & (M > 0), scores, 0.0)
+    if counts is not None:
+        counts["rescalings"] = counts.get("rescalings", 0) + rescalings
+        counts["segment_steps"] = counts.get("segment_steps", 0) + M * segments * B
+    return scores, flagged
 
 
 # --------------------------------------------------------------------------------------------------

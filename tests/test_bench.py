@@ -24,8 +24,9 @@ def test_bench_json_smoke(capsys):
     assert [r["temperature"] for r in dense] == [1.0, 1.0]
     assert "x the linear forward's GCUPS" in dense[0]["note"]
     assert "forward + backward" in dense[1]["note"] and "x the affine forward alone" in dense[1]["note"]
-    # search's loop: t = 0 and 1 with gap -4, and affine at t = 0, over the records repeated
+    # search's loop: t = 0 and 1, gap -4 and affine, over the records repeated
     search = [r for r in record["rows"] if r["workload"].startswith("search (")]
-    assert [(r["temperature"], "affine" in r["note"]) for r in search] == [(0.0, False), (1.0, False), (0.0, True)]
+    assert [(r["temperature"], "affine" in r["note"]) for r in search] == [(0.0, False), (1.0, False), (0.0, True),
+                                                                         (1.0, True)]
     assert all(r["pairs"] == 4 * int(r["workload"][8:].split()[0].replace(",", "")) for r in search)
-    assert all("the op's sweep from codes" in r["note"] for r in search)  # the 16-bit kernel is CUDA's
+    assert all("the op's sweep from codes" in r["note"] for r in search)  # the search kernels are CUDA's

@@ -16,7 +16,8 @@ from swcli.ops import load_engine, soft_smith_waterman_codes
 from swcli.scoring import load_matrix
 from swcli.search import ExactSearch, make_block, search
 from swcli.statistics import KarlinAltschul
-from swcli.testing import cuda, random_protein, requires_cuda
+from swcli.testing import (cuda, padded_code_targets, random_protein, random_search_set, requires_cuda,
+                           search_block, search_block_lengths)
 
 BLOSUM62 = load_matrix("BLOSUM62")
 
@@ -48,11 +49,6 @@ def test_only_integer_settings_at_t0_on_cuda_take_the_kernel():
         assert ExactSearch.of(G + 0.5, 0.0, -4.0, None, None) is None
 
 
-def padded_targets(rng, lengths, K, device):
-    codes = torch.randint(0, K, (len(lengths), max(lengths + [1])), generator=rng, dtype=torch.uint8)
-    return codes.to(device), torch.tensor(lengths, dtype=torch.int64, device=device)
-
-
 @cuda
 @requires_cuda
 class TestCudaSearchS16:
@@ -67,21 +63,17 @@ class TestCudaSearchS16:
     def test_scores_equal_the_float_engine(self, gaps, width):
         load_engine("cuda")
         rng = torch.Generator().manual_seed(40_000 + width)
-        pyrng = random.Random(width)
         S = BLOSUM62.tensor(device=self.device)
         K = S.shape[0]
-        lengths = sorted([L for L in self.LENGTHS if L <= width] + [pyrng.randint(0, width) for _ in range(40)],
-                         reverse=True)
-        lengths[0] = width  # the block's width sets the kernel's configuration
-        targets, tlen = padded_targets(rng, lengths, K, self.device)
+        targets, tlen = padded_code_targets(rng, search_block_lengths(width, self.LENGTHS, width), K, self.device)
         exact = ExactSearch(S, *gaps)
         for M in (1, 7, 31, 32, 33, 300):
             query = torch.randint(0, K, (M,), generator=rng, dtype=torch.uint8).to(self.device)
-            block = make_block_of(targets, tlen)
+            block = search_block(targets, tlen)
             scores, overflows = exact.scores(query, block)
             keywords = {"gap": float(gaps[0])} if gaps[0] == gaps[1] else {"gap_open": float(gaps[0]),
                                                                            "gap_extend": float(gaps[1])}
-            expected = soft_smith_waterman_codes(query.expand(len(lengths), -1), targets, S, temperature=0.0,
+            expected = soft_smith_waterman_codes(query.expand(len(tlen), -1), targets, S, temperature=0.0,
                                                  target_lengths=tlen, **keywords)
             assert int(overflows.item()) == 0
             assert torch.equal(scores.float(), expected), f"M = {M}"
@@ -90,13 +82,13 @@ class TestCudaSearchS16:
         load_engine("cuda")
         rng = torch.Generator().manual_seed(40_100)
         S = BLOSUM62.tensor(device=self.device)
-        targets, tlen = padded_targets(rng, [300, 299, 120, 5, 1], S.shape[0], self.device)
+        targets, tlen = padded_code_targets(rng, [300, 299, 120, 5, 1], S.shape[0], self.device)
         query = torch.randint(0, S.shape[0], (77,), generator=rng, dtype=torch.uint8).to(self.device)
         exact = ExactSearch(S, -11, -1)
-        clean, _ = exact.scores(query, make_block_of(targets, tlen))
+        clean, _ = exact.scores(query, search_block(targets, tlen))
         junk = targets.clone()
         junk[torch.arange(300, device=self.device)[None, :] >= tlen[:, None]] = 0  # 'A': a real letter
-        assert torch.equal(exact.scores(query, make_block_of(junk, tlen))[0], clean)
+        assert torch.equal(exact.scores(query, search_block(junk, tlen))[0], clean)
 
     def test_scores_past_int16_are_flagged_and_the_search_scores_them_wider(self):
         # a matrix that gives 1,000 a match: a 40-letter self-match scores 40,000, past int16
@@ -128,12 +120,7 @@ class TestCudaSearchS16:
 
     @pytest.mark.parametrize("gap, gap_open, gap_extend", [(-4.0, None, None), (None, -11.0, -1.0)])
     def test_search_equals_the_cpu_engines(self, gap, gap_open, gap_extend):
-        rng = random.Random(40_200)
-        sequences = [random_protein(rng, rng.choice([rng.randint(1, 80), rng.randint(200, 700)])) for _ in range(301)]
-        queries = [random_protein(rng, rng.randint(1, 400)) for _ in range(5)]
-        db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
-                            "db.fa")
-        codes = [BLOSUM62.encode(q, lambda: "query") for q in queries]
+        db, codes = random_search_set(40_200, BLOSUM62)
         load_engine("cuda")
         load_engine("cpu")
         on_gpu = list(search(codes, db, BLOSUM62.tensor(), gap, 0.0, 20, "cuda", self.device, max_cells=1 << 14,
@@ -161,8 +148,3 @@ class TestCudaSearchS16:
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split()[-1] == "3"
 
-
-def make_block_of(targets, tlen):
-    from swcli.search import Block
-
-    return Block(targets, tlen, torch.zeros_like(tlen))

@@ -82,7 +82,7 @@ def sharded_hits(db, codes, top, size, device, t, rank=None, **limits):
         payloads = []
         for searcher in searchers:
             pending = searcher.launch(query)
-            searcher.rescore_overflows(pending)
+            searcher.rescore_flagged(pending)
             payloads.append(distributed.key_payload(pending.keys, pending.ranks, False, top, rank is not None, device))
         found.append(hits_of(*distributed.merge_payloads(torch.stack(payloads).cpu(), top, rank is not None)))
     return found, bounds

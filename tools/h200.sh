@@ -25,6 +25,9 @@
 #     search     swcli search beside CUDASW++4.0 (benchmarks/search_peer.py; record in $OUT/search): CUDASW4's
 #                20 queries against make-db's 100,000 sequences; about 5 minutes, CUDASW4's build included;
 #                gap -4, or affine with GAP_OPEN and GAP_EXTEND (e.g. -11 and -1)
+#     soft-search  the soft search kernel block by block (benchmarks/search_soft.py): GCUPS per tile shape at t = 1
+#                beside the general op (and the exact kernel at t = 0), flagged pairs, error against float64; gap -4
+#                and -11/-1; about 2 minutes
 #     details    what --format-output's 21 columns (and --rank evalue) cost in that search, at t = 0 and 1
 #                (benchmarks/details_speed.py; affine GAP_OPEN/GAP_EXTEND, default -11/-1); about 3 minutes
 #     dist-overhead  swcli search under torchrun --nproc-per-node 1, and as one rank without torchrun, against
@@ -166,6 +169,16 @@ for N in (270, 272):
     for temp in (0.0, 1.0):
         _, state, best, failed = torch.ops.swcli.forward(S, q, tl, -1.0, temp, False, lane_columns=-1)
         torch.ops.swcli.backward(torch.ones(2).cuda(), S, state, best, failed, q, tl, -1.0, temp, False, lane_columns=-1)
+# the soft search kernel: one query against blocks of one tile and of several (edge buffers), odd batches,
+# a target of length 0, linear and affine, t = 1
+from swcli.search import SoftSearch
+for width, count in ((50, 9), (700, 33), (2100, 5)):
+    targets = torch.randint(0, 24, (count, width), generator=g, dtype=torch.uint8).cuda()
+    lengths = torch.randint(0, width + 1, (count,), generator=g).cuda(); lengths[0] = width; lengths[-1] = 0
+    block = Block(targets, lengths, torch.zeros_like(lengths))
+    query = torch.randint(0, 24, (45,), generator=g, dtype=torch.uint8).cuda()
+    for gaps in ((-4.0, None, None), (None, -11.0, -1.0)):
+        SoftSearch.of(B62, 1.0, *gaps).scores(query, block)
 torch.cuda.synchronize(); print("small case done")
 PY
       for tool in memcheck racecheck; do
@@ -235,6 +248,11 @@ rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), ${E2E_PAIRS:-1000000}
              "$OUT/search" --work /tmp/search_work --peer .peer/peer-cudasw4 --gap-open ${GAP_OPEN:--4} \
              --gap-extend ${GAP_EXTEND:--4} 2>&1 | tee "$OUT/search_peer.txt" | tail -40
       echo "search: $(( $(date +%s) - started )) s" ;;
+    soft-search)
+      for gaps in linear affine; do
+        timeout 280 python3 benchmarks/search_soft.py $FASTA --gaps $gaps --json "$OUT/search_soft_$gaps.json" 2>&1 \
+          | tee "$OUT/search_soft_$gaps.txt" | tail -32
+      done ;;
     details)
       [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }
       [ -f /tmp/search_db.fasta ] || python3 .peer/tools/make-db /tmp/search_db.fasta

@@ -840,6 +840,23 @@ std::tuple<at::Tensor, at::Tensor> op_affine_backward_parameters(
 }
 
 // ---------------------------------------------------------------------------------------------------
+// The search kernels: one query against a block of padded targets.
+
+// What is wrong with a search kernel's inputs ("" if nothing): the query, targets, their lengths and the
+// kernel's table on one CUDA device, a (M,) uint8 query, (B, N) uint8 targets and (B,) int64 lengths.
+std::string search_inputs_error(const char* kind, const at::Tensor& query, const at::Tensor& target,
+                                const at::Tensor& tlen, const at::Tensor& table) {
+  const std::string what = std::string("the ") + kind + " search";
+  if (!(query.is_cuda() && target.device() == query.device() && tlen.device() == query.device() &&
+        table.device() == query.device()))
+    return what + " needs the query, targets, lengths and its table on one CUDA device";
+  if (!(query.dim() == 1 && query.scalar_type() == at::kByte && target.dim() == 2 && target.scalar_type() == at::kByte))
+    return what + " takes a (M,) uint8 query and (B, N) uint8 targets";
+  if (!(tlen.dim() == 1 && tlen.size(0) == target.size(0) && tlen.scalar_type() == at::kLong))
+    return "target_lengths must be (B,) int64";
+  return "";
+}
+
 // Exact search scores in 16-bit lanes (search_s16.cu, engine.h).
 
 // (scores (B,) int32, overflows (1,) int32): one query's exact scores against padded targets at t = 0,
@@ -847,15 +864,9 @@ std::tuple<at::Tensor, at::Tensor> op_affine_backward_parameters(
 std::tuple<at::Tensor, at::Tensor> op_search_scores_s16(const at::Tensor& query_in, const at::Tensor& target_in,
                                                         const at::Tensor& tlen_in, const at::Tensor& table_in,
                                                         int64_t gap_open, int64_t gap_extend, int64_t limit) {
-  TORCH_CHECK(query_in.is_cuda() && target_in.device() == query_in.device() && tlen_in.device() == query_in.device() &&
-                  table_in.device() == query_in.device(),
-              "the exact search needs the query, targets, lengths and table on one CUDA device");
-  TORCH_CHECK(query_in.dim() == 1 && query_in.scalar_type() == at::kByte && target_in.dim() == 2 &&
-                  target_in.scalar_type() == at::kByte,
-              "the exact search takes a (M,) uint8 query and (B, N) uint8 targets");
+  const std::string inputs = search_inputs_error("exact", query_in, target_in, tlen_in, table_in);
+  TORCH_CHECK(inputs.empty(), inputs);
   const int64_t M = query_in.size(0), B = target_in.size(0), N = target_in.size(1);
-  TORCH_CHECK(tlen_in.dim() == 1 && tlen_in.size(0) == B && tlen_in.scalar_type() == at::kLong,
-              "target_lengths must be (B,) int64");
   TORCH_CHECK(table_in.dim() == 3 && table_in.scalar_type() == at::kInt && table_in.size(1) == table_in.size(0) + 1 &&
                   table_in.size(2) == table_in.size(0) + 1,
               "the table must be (K, K + 1, K + 1) int32");
@@ -884,6 +895,61 @@ std::tuple<at::Tensor, at::Tensor> op_search_scores_s16(const at::Tensor& query_
                            boundary.defined() ? boundary.data_ptr<int>() : nullptr, overflows.data_ptr<int>()};
   SWCLI_CHECK_CUDA(sw_cuda_search_s16(call, c10::cuda::getCurrentCUDAStream()), "exact search");
   return {scores, overflows};
+}
+
+// Soft search scores in scaled space (search_soft.cu, engine.h).
+
+// (scores (B,) float32, flagged (1,) int32): one query's soft scores against padded targets at t > 0, -1
+// where the kernel's checks did not hold (counted in flagged: the caller scores those again through the
+// general op). The settings come from search.SoftSearch, which derives them from the matrix, t and the
+// gaps. width: the targets' longest length, which sets the tile shape (0: N); the lengths must be in
+// [0, width] (the search's blocks are, by construction).
+std::tuple<at::Tensor, at::Tensor> op_search_scores_soft(const at::Tensor& query_in, const at::Tensor& target_in,
+                                                         const at::Tensor& tlen_in, const at::Tensor& powers_in,
+                                                         int64_t width, bool affine, double gap_factor,
+                                                         double extend_factor, double temperature, int64_t upper,
+                                                         int64_t middle, int64_t lower, int64_t floor, double bound) {
+  const std::string inputs = search_inputs_error("soft", query_in, target_in, tlen_in, powers_in);
+  TORCH_CHECK(inputs.empty(), inputs);
+  const int64_t M = query_in.size(0), B = target_in.size(0), N = target_in.size(1);
+  TORCH_CHECK(powers_in.dim() == 2 && powers_in.size(0) == powers_in.size(1) && powers_in.size(0) >= 1 &&
+                  powers_in.scalar_type() == at::kFloat,
+              "the powers must be a (K, K) float32 table");
+  TORCH_CHECK(temperature > 0 && std::isfinite(temperature), "the soft search takes a temperature > 0, got " +
+                                                                   std::to_string(temperature));
+  TORCH_CHECK(std::isfinite(gap_factor) && gap_factor > 0 && std::isfinite(extend_factor) && extend_factor >= 0 &&
+                  std::isfinite(bound) && bound >= 1,
+              "the soft search's gap factors must be finite and positive, and its bound at least 1");
+  TORCH_CHECK(-126 <= lower && lower < middle && middle < upper && upper <= 126 && 0 <= floor && floor <= 126,
+              "the soft search's exponents must be -126 <= lower < middle < upper <= 126 and floor in [0, 126], got " +
+                  std::to_string(lower) + ", " + std::to_string(middle) + ", " + std::to_string(upper) + ", " +
+                  std::to_string(floor));
+  TORCH_CHECK(M < (int64_t(1) << 30) && N < (int64_t(1) << 30), "the soft search takes at most 2^30 residues a sequence");
+  TORCH_CHECK(0 <= width && width <= N, "width must be in [0, N] (0: N), got " + std::to_string(width));
+  const int64_t columns = width > 0 ? width : N;
+  const int64_t K = powers_in.size(0);
+  TORCH_CHECK(K <= 255, "the soft search takes at most 255 letters (uint8 codes and a padding letter)");
+  const int64_t smem_limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  TORCH_CHECK(sw_cuda_search_soft_shared_bytes(int(K)) <= smem_limit,
+              "a " + std::to_string(K) + "-letter matrix's profile rings do not fit in the GPU's shared memory (" +
+                  std::to_string(smem_limit) + " bytes per block)");
+  const c10::cuda::CUDAGuard guard(query_in.device());
+  const at::Tensor query = query_in.contiguous(), target = target_in.contiguous(), tlen = tlen_in.contiguous(),
+                   powers = powers_in.contiguous();
+  at::Tensor scores = at::empty({B}, query.options().dtype(at::kFloat));
+  at::Tensor flagged = at::zeros({1}, query.options().dtype(at::kInt));
+  if (B == 0) return {scores, flagged};
+  if (M == 0 || N == 0) return {scores.zero_(), flagged};
+  at::Tensor boundary;
+  const int64_t edge_bytes = sw_cuda_search_soft_edge_bytes(B, M, columns, affine);
+  if (edge_bytes > 0) boundary = at::empty({edge_bytes}, query.options());
+  const SearchSoftCall call{query.data_ptr<uint8_t>(), int(M), target.data_ptr<uint8_t>(), N, B, columns,
+                            tlen.data_ptr<int64_t>(), powers.data_ptr<float>(), int(K), affine, float(gap_factor),
+                            float(extend_factor), int(upper), int(middle), int(lower), int(floor), float(bound),
+                            temperature * 0.6931471805599453, scores.data_ptr<float>(),
+                            boundary.defined() ? boundary.data_ptr() : nullptr, flagged.data_ptr<int>()};
+  SWCLI_CHECK_CUDA(sw_cuda_search_soft(call, c10::cuda::getCurrentCUDAStream()), "soft search");
+  return {scores, flagged};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1011,4 +1077,5 @@ TORCH_LIBRARY_IMPL(swcli, CUDA, m) {
   m.impl("backward_parameters", &op_backward_parameters);
   m.impl("affine_backward_parameters", &op_affine_backward_parameters);
   m.impl("search_scores_s16", &op_search_scores_s16);
+  m.impl("search_scores_soft", &op_search_scores_soft);
 }

@@ -1,0 +1,430 @@
+// Soft Smith-Waterman scores of one query against many targets at t > 0, in float32 and in the engines'
+// scaled exponential space (forward_scaled.cuh): with E = 2^(H c), c = log2(e) / t, a linear cell is
+//
+//     E = 1 + E_diag P + E_up G + E_left G,   P = 2^(S c), G = 2^(gap c)
+//
+// three fused multiply-adds, and the soft Gotoh cell (affine_scaled.cuh) with X~ = X / O and Y~ = Y / O,
+//
+//     H = (1 + H_diag P) + O (X~ + Y~),   X~' = H + (E - O) X~,   Y~' = H + (E - O) Y~
+//
+// five (O = 2^(o c), E = 2^(e c)). P comes from the query's profile in shared memory, one load a cell.
+//
+// Layout, as the exact 16-bit kernel's (search_s16.cu): a group of G lanes holds one target, R columns a
+// lane, and sweeps the query's rows as a wavefront; a target wider than a tile (G R columns) is swept tile
+// after tile, the tile's right edge going to the next through a buffer (in place, read a row ahead). The
+// groups of a warp are staggered so that lane l of the warp is on row k - l at step k: the 32 lanes then
+// read 32 consecutive rows of the profile, one bank each.
+//
+// The profile: a warp keeps a ring of 64 rows of it (P for every letter at each query row), written 32 rows
+// at a time from the matrix's table of powers, and read at slot (k mod 64) + 31 - lane with a mirror of 32
+// slots below the ring, so that a lane's column reads its letter's row at a shared-memory address plus
+// an offset that is the same for the whole warp (one LDS a cell, no address arithmetic). The padding
+// letter K has P = 0.
+//
+// Scale: values are kept as float32 times 2^sigma, sigma an integer per 8 columns (a segment), the same 8
+// columns of the target whatever the tile shape. A segment is rescaled only where its largest value leaves
+// [2^L, 2^U] (below only while sigma > 0), or where its left input would pass 2^U: by a power of two, an
+// exact multiply. A segment's input, the last column of the segment to its left (in this lane, the lane to
+// the left, or the previous tile), is converted from that segment's scale by 2^(sigma' - sigma) in two
+// factors, exact wherever the result is a normal float. So every cell is the same float computation
+// whatever the lanes and tiles: a pair's score has the same bits in every block it can be scored in.
+//
+// Checks (the host derives U, L, the floor F and the padding's bound from the matrix, t and the gaps:
+// search.SoftSearch):
+// - U leaves room for one step's growth, so nothing overflows: 1 + E_diag P + ... is at most the growth
+//   factor times the segment's largest value or its input.
+// - A value under 2^-126 flushes to 0. Cells are at least 2^-sigma (the 1), so where sigma <= F every cell
+//   is at least 2^-F and a flushed term is under 2^-26 of any cell it enters. A segment with sigma > F has
+//   each cell inside the target checked against 2^-F; a pair that fails, or whose best cell is not a finite
+//   float, is flagged: score -1, counted in *flagged. The caller scores it again through the general op.
+// - Columns past a target's end read the padding letter (P = 0) and are swept as the others, so the best
+//   cell may be one of them. Their values are bounded: a padded cell is 1 + G (up + left) (affine: the
+//   same with O and E), so they never pass max(best inside, bound), bound = 1 / (1 - 2G) (affine
+//   1 / (1 - 2 O / (1 - E + O))). A pair whose best cell is at most the bound is flagged too (at BLOSUM62,
+//   t = 1, gap -4 or -11/-1 no pair with a residue on each side: its first cell alone is above it).
+#include <algorithm>
+
+#include "common.cuh"
+#include "engine.h"
+#include "forward_scaled.cuh"
+
+namespace swcli_cuda {
+namespace {
+
+inline constexpr int kSoftWarps = 4;  // warps a block
+inline constexpr int kSoftThreads = kSoftWarps * kWarp;
+inline constexpr int kSegment = 8;                     // columns a scale
+inline constexpr int kRingRows = 64;                   // two chunks of 32 query rows
+inline constexpr int kRingSlots = kRingRows + kWarp;   // a letter's slots: the ring above a mirror of 32
+
+// A row of the next tile's left edge: the last column's value and its scale (affine: and X~ in that scale).
+struct alignas(8) EdgeLinear {
+  float x;
+  int sig;
+};
+struct alignas(16) EdgeAffine {
+  float x, xt;
+  int sig, unused;
+};
+
+__device__ __forceinline__ float load_shared(unsigned address) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(address));
+  return v;
+}
+
+// 2^d as two factors (a, b) with a b = 2^d and d clamped to [-252, 254]: x a b is exact wherever x 2^d
+// is a normal float (the first product lies between x and the result), and 0 below.
+__device__ __forceinline__ void split_pow2(int d, float& a, float& b) {
+  d = min(max(d, -252), 254);
+  const int half = d >> 1;
+  a = pow2_int(half), b = pow2_int(d - half);
+}
+
+__device__ __forceinline__ int exponent_of(float x) { return int(__float_as_uint(x) >> 23) - 127; }
+
+// The largest of segment s's 8 values (a NaN if any is one), as a tree.
+template <int R>
+__device__ __forceinline__ float segment_max(const float (&v)[R], int s) {
+  const float* const x = v + s * 8;
+  return max_nan(max_nan(max_nan(x[0], x[1]), max_nan(x[2], x[3])), max_nan(max_nan(x[4], x[5]), max_nan(x[6], x[7])));
+}
+
+// One query row of the profile for every letter, 32 rows at a time: lane l writes row 32 m + l (letter
+// `letter`, any letter past the query) at its ring slot and, for the upper half of the ring's odd chunks,
+// at the mirror slot below.
+__device__ __forceinline__ void fill_chunk(float* ring, const float* table, int stride, int K, int m, int letter,
+                                           int lane) {
+  const int row = ((m & 1) << 5) + lane;  // the row's place in the ring, (32 m + lane) mod 64
+  const int slot = row + kWarp - 1;
+  // A lane l reads row i at step k = i + l at slot (k mod 64) + 31 - l: (i mod 64) + 31 where k mod 64 >= l,
+  // else (i mod 64) - 33, which happens for i mod 64 in [33, 63] only.
+  const bool mirrored = row > kWarp;
+  const float* const powers = table + letter * stride;
+  for (int a = 0; a < K; ++a) {
+    const float p = powers[a];
+    ring[a * kRingSlots + slot] = p;
+    if (mirrored) ring[a * kRingSlots + slot - kRingRows] = p;
+  }
+}
+
+template <bool AFFINE>
+using Edge = std::conditional_t<AFFINE, EdgeAffine, EdgeLinear>;
+
+template <int G, int R, bool AFFINE>
+__global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const SearchSoftCall call) {
+  static_assert(R % kSegment == 0 && kWarp % G == 0, "lanes of whole segments, groups of whole warps");
+  constexpr int S = R / kSegment;  // segments a lane
+  constexpr int W = G * R;         // columns a tile
+  extern __shared__ float smem[];
+  const int K = call.K, stride = K | 1;  // an odd stride: the fill's lanes, at different letters, hit different banks
+  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+  float* const table = smem;
+  float* const ring = smem + K * stride + warp * (K + 1) * kRingSlots;
+  for (int e = threadIdx.x; e < K * K; e += kSoftThreads) table[(e / K) * stride + e % K] = call.powers[e];
+  for (int s = lane; s < kRingSlots; s += kWarp) ring[K * kRingSlots + s] = 0.0f;  // the padding letter
+  __syncthreads();
+
+  const int64_t first = (int64_t(blockIdx.x) * kSoftWarps + warp) * (kWarp / G);
+  if (first >= call.B) return;  // a whole warp leaves together
+  const int64_t group = first + lane / G;
+  const int g = lane % G, M = call.M;
+  // Groups past the batch sweep the last target again and write nothing.
+  const bool writes = group < call.B;
+  const int64_t b = writes ? group : call.B - 1;
+  const int len = int(call.tlen[b]);
+  const int tiles = int(__reduce_max_sync(kFull, unsigned((len + W - 1) / W)));
+  const uint8_t* const codes = call.target + b * call.N;
+  Edge<AFFINE>* const edge = call.boundary ? static_cast<Edge<AFFINE>*>(call.boundary) + group * int64_t(M) : nullptr;
+  const float upper = pow2_int(call.upper), floor_value = pow2_int(-call.floor);
+  const float lower = pow2_int(call.lower);
+  const float gf = call.gap_factor, ef = call.extend_factor;  // G, or O and E - O
+  // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
+  const unsigned ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
+  Edge<AFFINE> border{};
+  border.x = 1.0f, border.sig = 0;
+  if constexpr (AFFINE) border.xt = 1.0f;
+  long long best_key = scaled_key(0, 1.0f);  // the zero border, E = 1
+  bool failed = false;
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int c0 = tile * W + g * R;
+    unsigned at[R];  // the shared address of slot 31 - lane in each column's letter's rows
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int c = c0 + r;
+      const int letter = c < len ? min(int(codes[c]), K) : K;
+      at[r] = ring_lane + 4u * unsigned(letter * kRingSlots);
+    }
+    const int inside = len - c0;  // this lane's columns inside the target (may be <= 0 or > R)
+    float up[R], yt[AFFINE ? R : 1];  // stored E of the row above; affine: Y~ of this row's cells
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      up[r] = 1.0f;
+      if constexpr (AFFINE) yt[r] = 1.0f;
+    }
+    int sig[S];
+    float one[S], low[S], diag[S], best[S], fa[S], fb[S];  // fa, fb: the conversion from the segment to the left
+#pragma unroll
+    for (int s = 0; s < S; ++s) sig[s] = 0, one[s] = 1.0f, low[s] = 0.0f, diag[s] = 1.0f, best[s] = 0.0f, fa[s] = 1.0f, fb[s] = 1.0f;
+    bool deep = false;    // some segment has sigma > F: its cells are checked against the floor
+    bool scaled = false;  // some segment has sigma > 0: its values may be rescaled up
+    float x_send = 1.0f, xt_send = 1.0f;  // this lane's last column at its last row, for the lane to the right
+    int sig_send = 0;
+    const bool reads_edge = tile > 0 && g == 0, writes_edge = tile + 1 < tiles && g == G - 1;
+    Edge<AFFINE> ahead = reads_edge && lane == 0 ? edge[0] : border;  // row k - lane's edge, read a step ahead
+    int letter_next = lane < M ? call.query[lane] : 0;
+    const int steps = M + kWarp - 1;
+    // Rescale segment s by 2^-shift (exact: a power of two in two factors), its best so far folded into
+    // best_key first, as the key of its own scale.
+    auto rescale = [&](const int s, const int shift) {
+      float sa, sb;
+      split_pow2(-shift, sa, sb);
+      failed |= !(best[s] <= FLT_MAX);  // an overflow or a NaN
+      if (best[s] > 0.0f) best_key = max(best_key, scaled_key(sig[s], best[s]));
+      best[s] = 0.0f;
+      sig[s] += shift;
+#pragma unroll
+      for (int r = 0; r < kSegment; ++r) {
+        up[s * kSegment + r] = up[s * kSegment + r] * sa * sb;
+        if constexpr (AFFINE) yt[s * kSegment + r] = yt[s * kSegment + r] * sa * sb;
+      }
+      diag[s] = diag[s] * sa * sb;
+      one[s] = __int_as_float(max(127 - sig[s], 0) << 23);  // 2^-sigma, 0 past the float range
+      low[s] = sig[s] > 0 ? lower : 0.0f;
+      deep |= sig[s] > call.floor;
+      scaled |= sig[s] > 0;
+    };
+    // Whether any lane of the warp has cond: a branch the whole warp takes or skips (no divergence to
+    // reconverge from), where every lane is in the step; in a ramp, the lane's own.
+    auto any = [](bool cond, auto ramp) { return decltype(ramp)::value ? cond : __any_sync(kFull, cond); };
+    // Inside such a branch: keeps the compiler from folding the lane's own test into the warp's (which
+    // would make the branch divergent again, with its reconvergence on every step).
+    auto converge = [](auto ramp) {
+      if (!decltype(ramp)::value) __syncwarp();
+    };
+    // One step of the wavefront. RAMP: some lanes are past the query's ends (the first and the last 31
+    // steps). The steps between take a copy without that test, so that no lane diverges there and the
+    // ring's offset stays in a uniform register (one LDS a cell, no address arithmetic).
+    auto step = [&](const int k, auto ramp) {
+      if ((k & (kWarp - 1)) == 0) {  // the next 32 rows of the profile
+        __syncwarp();
+        fill_chunk(ring, table, stride, K, k >> 5, letter_next, lane);
+        letter_next = k + kWarp + lane < M ? call.query[k + kWarp + lane] : 0;
+        __syncwarp();
+      }
+      const int i = k - lane;
+      const unsigned offset = unsigned(k & (kRingRows - 1)) << 2;  // the same in every lane: a uniform register
+      float x_in = __shfl_up_sync(kFull, x_send, 1, G);
+      int sig_in = __shfl_up_sync(kFull, sig_send, 1, G);
+      float xt_in = AFFINE ? __shfl_up_sync(kFull, xt_send, 1, G) : 0.0f;
+      const Edge<AFFINE> here = ahead;
+      if (reads_edge) ahead = edge[min(max(i + 1, 0), M - 1)];  // past the ends: a row no step uses
+      if (g == 0) {
+        x_in = here.x, sig_in = here.sig;
+        if constexpr (AFFINE) xt_in = here.xt;
+      }
+      if (decltype(ramp)::value && unsigned(i) >= unsigned(M)) return;
+      float top;  // the largest value of the lane's row
+      float x_last = x_in, xt_last = xt_in;
+      int sig_last = sig_in;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        float a0 = fa[s], b0 = fb[s];
+        if (s == 0) split_pow2(sig_in - sig[0], a0, b0);
+        float lv = x_last * a0 * b0, xt = AFFINE ? xt_last * a0 * b0 : 0.0f;
+        const bool over = !(lv <= upper);
+        if (any(over, ramp)) {
+          converge(ramp);
+          if (over) {
+          // The input passes 2^U (or overflowed in the conversion): rescale the segment first, so that
+          // the input lands at 2^T, and convert it again. Rare: a strong alignment entering from the left.
+          const int delta = sig_last - sig[s];
+          const int shift = exponent_of(x_last) + delta - call.middle;
+          rescale(s, shift);
+          split_pow2(delta - shift, a0, b0);
+          lv = x_last * a0 * b0;
+          if constexpr (AFFINE) xt = xt_last * a0 * b0;
+          if (s > 0) fa[s] = a0, fb[s] = b0;
+          if (s + 1 < S) split_pow2(sig[s] - sig[s + 1], fa[s + 1], fb[s + 1]);
+          }
+        }
+        float d = diag[s], left = lv;
+        const float o = one[s];
+#pragma unroll
+        for (int r = 0; r < kSegment; ++r) {
+          const int q = s * kSegment + r;
+          const float p = load_shared(at[q] + offset);
+          const float u = up[q];
+          float x;
+          if constexpr (AFFINE) {
+            x = fmaf(gf, xt + yt[q], fmaf(d, p, o));
+            xt = fmaf(ef, xt, x);
+            yt[q] = fmaf(ef, yt[q], x);
+          } else {
+            x = fmaf(left, gf, fmaf(u, gf, fmaf(d, p, o)));
+            left = x;
+          }
+          d = u;
+          up[q] = x;
+        }
+        const float hi = segment_max(up, s);
+        best[s] = max_nan(best[s], hi);
+        top = s == 0 ? hi : max_nan(top, hi);
+        diag[s] = lv;
+        x_last = up[s * kSegment + kSegment - 1], xt_last = xt, sig_last = sig[s];
+      }
+      x_send = x_last, xt_send = xt_last, sig_send = sig_last;
+      if (writes_edge) {
+        Edge<AFFINE> e;
+        e.x = x_send, e.sig = sig_send;
+        if constexpr (AFFINE) e.xt = xt_send;
+        edge[i] = e;
+      }
+      if (any(deep, ramp)) {  // the cells inside the target of each segment with sigma > F, against the floor
+        converge(ramp);
+        if (deep) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          if (sig[s] <= call.floor) continue;
+          float lo = FLT_MAX;
+#pragma unroll
+          for (int r = 0; r < kSegment; ++r)
+            if (s * kSegment + r < inside) lo = min_nan(lo, up[s * kSegment + r]);
+          failed |= !(lo >= floor_value);
+        }
+        }
+      }
+      // The segments whose largest value left [2^L, 2^U] are rescaled to 2^T. Only a lane with a value
+      // past 2^U, or with a segment scaled (sigma > 0, where the lower bound applies), has any.
+      const bool rescaling = top > upper || scaled;
+      if (any(rescaling, ramp)) {
+        converge(ramp);
+        if (rescaling) {
+          deep = scaled = false;
+#pragma unroll
+          for (int s = 0; s < S; ++s) {
+            const float hi = segment_max(up, s);
+            if (hi > upper || hi < low[s]) rescale(s, max(exponent_of(hi) - call.middle, -sig[s]));
+            deep |= sig[s] > call.floor;
+            scaled |= sig[s] > 0;
+            if (s > 0) split_pow2(sig[s - 1] - sig[s], fa[s], fb[s]);
+          }
+        }
+      }
+    };
+    int k = 0;
+    for (; k < min(kWarp - 1, steps); ++k) step(k, std::true_type{});
+    for (; k < M; ++k) step(k, std::false_type{});
+    for (; k < steps; ++k) step(k, std::true_type{});
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      failed |= !(best[s] <= FLT_MAX);
+      if (best[s] > 0.0f) best_key = max(best_key, scaled_key(sig[s], best[s]));
+    }
+    __syncwarp();  // the last lane's edge writes are visible to the first lane in the next tile
+  }
+#pragma unroll
+  for (int off = G / 2; off > 0; off /= 2) best_key = max(best_key, __shfl_xor_sync(kFull, best_key, off, G));
+  const unsigned group_failed = __ballot_sync(kFull, failed) >> (lane / G * G);
+  if (writes && g == 0) {
+    const bool flagged = len > 0 && ((group_failed & (G == kWarp ? kFull : (1u << G) - 1u)) != 0 ||
+                                     best_key <= scaled_key(0, call.bound));
+    float score = 0.0f;
+    if (len > 0 && !flagged) {
+      const int e = int(best_key >> 23) - 127;
+      score = float(call.tl * (double(e) + log2(double(mantissa_of(unsigned(best_key))))));
+    }
+    call.scores[b] = flagged ? -1.0f : score;
+    if (flagged) atomicAdd(call.flagged, 1);
+  }
+}
+
+// The tile shapes (lanes per group, columns per lane), as the exact kernel's: a step's shuffles, its
+// conversion and its loop cost as much as a few columns, so lanes hold many, and narrower groups take
+// shorter targets. A call takes the narrowest single tile that holds its width (its widest target);
+// past 1024 columns, tiles of a warp, the shape that pads the fewest columns (ties: the most columns a
+// lane). A target pads its last tile, so the search scores a block's rows in runs of lengths that one
+// shape fits (search.soft_runs).
+struct TileShape {
+  int G, R;
+};
+inline constexpr TileShape kLinearShapes[] = {{8, 8},   {8, 16},  {8, 24},  {8, 32},
+                                              {16, 24}, {16, 32}, {32, 24}, {32, 32}};
+// The affine cell holds Y~ for each column too: 32 columns a lane would take too many registers.
+inline constexpr TileShape kAffineShapes[] = {{8, 8}, {8, 16}, {8, 24}, {16, 24}, {32, 24}};
+
+template <bool AFFINE>
+struct Shapes {
+  static constexpr const TileShape* list = AFFINE ? kAffineShapes : kLinearShapes;
+  static constexpr int count = AFFINE ? int(sizeof(kAffineShapes) / sizeof(TileShape))
+                                      : int(sizeof(kLinearShapes) / sizeof(TileShape));
+};
+
+template <bool AFFINE>
+int tile_shape_for(int64_t N) {
+  using Sh = Shapes<AFFINE>;
+  for (int s = 0; s < Sh::count; ++s)
+    if (N <= int64_t(Sh::list[s].G) * Sh::list[s].R) return s;
+  int chosen = Sh::count - 1;
+  int64_t best = -1;
+  for (int s = 0; s < Sh::count; ++s) {
+    if (Sh::list[s].G != kWarp) continue;
+    const int64_t cols = int64_t(Sh::list[s].G) * Sh::list[s].R;
+    const int64_t padded = (N + cols - 1) / cols * cols;
+    if (best < 0 || padded <= best) best = padded, chosen = s;
+  }
+  return chosen;
+}
+
+size_t shared_bytes(int K) {
+  return sizeof(float) * (size_t(K) * (K | 1) + size_t(kSoftWarps) * (K + 1) * kRingSlots);
+}
+
+template <int G, int R, bool AFFINE>
+cudaError_t launch_soft(const SearchSoftCall& call, cudaStream_t stream) {
+  const int64_t warps = (call.B + kWarp / G - 1) / (kWarp / G);
+  const int64_t blocks = (warps + kSoftWarps - 1) / kSoftWarps;
+  const size_t shared = shared_bytes(call.K);
+  cudaError_t err = cudaFuncSetAttribute(search_soft_kernel<G, R, AFFINE>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+  if (err != cudaSuccess) return err;
+  search_soft_kernel<G, R, AFFINE><<<unsigned(blocks), kSoftThreads, shared, stream>>>(call);
+  return cudaGetLastError();
+}
+
+template <bool AFFINE, int S = 0>
+cudaError_t soft_shape(int shape, const SearchSoftCall& call, cudaStream_t stream) {
+  if constexpr (S < Shapes<AFFINE>::count) {
+    if (shape == S) return launch_soft<Shapes<AFFINE>::list[S].G, Shapes<AFFINE>::list[S].R, AFFINE>(call, stream);
+    return soft_shape<AFFINE, S + 1>(shape, call, stream);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+}
+
+template <bool AFFINE>
+int64_t edge_bytes(int64_t B, int64_t M, int64_t N) {
+  const TileShape t = Shapes<AFFINE>::list[tile_shape_for<AFFINE>(N)];
+  if (N <= int64_t(t.G) * t.R) return 0;
+  const int64_t per_warp = kWarp / t.G;
+  const int64_t groups = (B + per_warp - 1) / per_warp * per_warp;  // the groups past the batch have rows too
+  return groups * M * int64_t(sizeof(Edge<AFFINE>));
+}
+
+}  // namespace
+}  // namespace swcli_cuda
+
+int64_t sw_cuda_search_soft_edge_bytes(int64_t B, int64_t M, int64_t width, bool affine) {
+  using namespace swcli_cuda;
+  return affine ? edge_bytes<true>(B, M, width) : edge_bytes<false>(B, M, width);
+}
+
+int64_t sw_cuda_search_soft_shared_bytes(int K) { return int64_t(swcli_cuda::shared_bytes(K)); }
+
+cudaError_t sw_cuda_search_soft(const SearchSoftCall& call, cudaStream_t stream) {
+  using namespace swcli_cuda;
+  if (call.B == 0) return cudaSuccess;
+  return call.affine ? soft_shape<true>(tile_shape_for<true>(call.width), call, stream)
+                     : soft_shape<false>(tile_shape_for<false>(call.width), call, stream);
+}

@@ -1,0 +1,316 @@
+"""The soft search kernel (kernels/cuda/search_soft.cu, search.SoftSearch): one query against padded
+targets at t > 0 in float32 scaled space, against the float64 engine, its NumPy model
+(swcli.testing.soft_search_model), and the search's CPU engine."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from swcli import database
+from swcli.fasta import FastaRecord, read_fasta
+from swcli.ops import load_engine
+from swcli.scoring import load_matrix
+from swcli.search import Searcher, SoftSearch, make_block, search
+from swcli.testing import (cuda, padded_code_targets, random_protein, random_search_set, related_protein_pairs,
+                           requires_cuda, search_block, search_block_lengths, slow, soft_search_model)
+
+BLOSUM62 = load_matrix("BLOSUM62")
+LINEAR = {"gap": -4.0, "gap_open": None, "gap_extend": None}
+AFFINE = {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def float64_scores(query: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor, gaps: dict, t: float):
+    """The float64 engine's scores, on the CPU (the CUDA engine takes a single long pair in 1-column
+    lanes, slowly): dense float64 score matrices (the codes path computes in float32), a chunk of targets
+    at a time, each chunk as wide as its longest target."""
+    from swcli.ops import soft_smith_waterman
+
+    load_engine("cpu")
+    S = BLOSUM62.tensor(dtype=torch.float64)
+    q, targets, cpu_lengths = query.long().cpu(), targets.cpu(), lengths.cpu()
+    keywords = {"gap_open": gaps["gap_open"], "gap_extend": gaps["gap_extend"]} if gaps["gap"] is None else {}
+    out = torch.empty(len(lengths), dtype=torch.float64)
+    order = torch.argsort(cpu_lengths, descending=True).tolist()
+    start = 0
+    while start < len(order):
+        width = max(int(cpu_lengths[order[start]]), 1)
+        rows = max(1, (1 << 26) // (width * max(len(q), 1)))
+        chunk = order[start:start + rows]
+        dense = S[q[None, :, None], targets[chunk, :width].long()[:, None, :]]
+        out[chunk] = soft_smith_waterman(dense, gaps["gap"], t, None, cpu_lengths[chunk], **keywords)
+        start += rows
+    return out.to(lengths.device)
+
+
+def assert_cpu_hits(found, codes, db, gaps: dict, top: int, rtol: float, atol: float) -> None:
+    """The hits are the CPU engine's search at t = 1: each hit's score within the tolerance of the CPU's
+    score of the same target, and the hits are the CPU's best `top` up to that tolerance (two float32
+    engines may order scores closer than it differently)."""
+    load_engine("cpu")
+    every = list(search(codes, db, BLOSUM62.tensor(), gaps["gap"], 1.0, len(db), "cpu", "cpu",
+                        gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"]))
+    assert len(found) == len(every)
+    for hits, cpu in zip(found, every):
+        by_target = dict(zip(cpu.targets.tolist(), cpu.scores.tolist()))
+        scores = hits.scores.double()
+        expected = torch.tensor([by_target[t] for t in hits.targets.tolist()], dtype=torch.float64)
+        torch.testing.assert_close(scores, expected, rtol=rtol, atol=atol)
+        assert len(hits.targets) == min(top, len(db))
+        kth = cpu.scores[len(hits.targets) - 1].item()
+        assert scores.min().item() >= kth - (atol + rtol * abs(kth))  # nothing better left out
+
+
+def proteins() -> list[str]:
+    """Real proteins: the benchmark's 250 (.bench/proteins.fasta) where the tree has them, else the
+    package's example."""
+    path = ROOT / ".bench" / "proteins.fasta"
+    path = path if path.exists() else ROOT / "data" / "example.fasta"
+    return [r.sequence for r in read_fasta(str(path)) if set(r.sequence) <= set(BLOSUM62.alphabet)]
+
+
+@cuda
+@requires_cuda
+class TestCudaSearchSoft:
+    device = torch.device("cuda")
+
+    # target lengths around the tile shapes' widths (64 to 1024 columns) and several tiles
+    LENGTHS = [0, 1, 2, 7, 8, 9, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 383, 384, 385, 511, 512,
+               513, 767, 768, 769, 1000, 1100, 2049]
+
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    @pytest.mark.parametrize("width", [64, 96, 128, 192, 256, 320, 384, 512, 600, 768, 1024, 1100, 2049])
+    def test_scores_equal_the_float64_engine(self, gaps, width):
+        load_engine("cuda")
+        rng = torch.Generator().manual_seed(50_000 + width)
+        S = BLOSUM62.tensor(device=self.device)
+        K = S.shape[0]
+        targets, tlen = padded_code_targets(rng, search_block_lengths(width, self.LENGTHS, width), K, self.device)
+        soft = SoftSearch.of(S, 1.0, **gaps)
+        for M in (1, 7, 33, 300):
+            query = torch.randint(0, K, (M,), generator=rng, dtype=torch.uint8).to(self.device)
+            scores, flagged = soft.scores(query, search_block(targets, tlen))
+            expected = float64_scores(query, targets, tlen, gaps, 1.0)
+            assert int(flagged.item()) == 0, f"M = {M}"
+            torch.testing.assert_close(scores.double(), expected, rtol=2e-6, atol=2e-6, msg=f"M = {M}")
+            assert torch.equal(scores[tlen == 0], torch.zeros_like(scores[tlen == 0]))
+
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_a_score_has_the_same_bits_in_every_block(self, gaps):
+        """The scales are per 8 columns of the target, whatever the lanes and tiles: the same targets in
+        blocks whose widths take every tile shape give the same floats."""
+        load_engine("cuda")
+        rng = torch.Generator().manual_seed(50_100)
+        S = BLOSUM62.tensor(device=self.device)
+        pairs = related_protein_pairs(51, 12, 20, 60)
+        query = torch.tensor(list(BLOSUM62.encode(pairs[0][0], lambda: "q")), dtype=torch.uint8, device=self.device)
+        sequences = [t for _, t in pairs] + [pairs[0][0]]
+        soft = SoftSearch.of(S, 1.0, **gaps)
+        results = []
+        longest = max(map(len, sequences))
+        for width in [longest] + [w for w in (64, 128, 192, 256, 384, 512, 768, 1024, 1500) if w > longest]:
+            codes = torch.randint(0, S.shape[0], (len(sequences), width), generator=rng, dtype=torch.uint8)
+            for b, s in enumerate(sequences):
+                codes[b, :len(s)] = torch.tensor(list(BLOSUM62.encode(s, lambda: "t")), dtype=torch.uint8)
+            lengths = torch.tensor([len(s) for s in sequences], device=self.device)
+            results.append(soft.scores(query, search_block(codes.to(self.device), lengths))[0])
+        for other in results[1:]:
+            assert torch.equal(other, results[0])
+
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_a_blocks_runs_give_the_same_bits(self, gaps):
+        """A block of targets from 2,500 residues down to 1, made by the search (its lengths known on the
+        host: scored in runs of one tile shape each), and the same block in one call."""
+        load_engine("cuda")
+        rng = random.Random(50_150)
+        sequences = [random_protein(rng, n) for n in [2500, 1100, 1000, 800, 600, 500, 400, 300, 200, 150, 100, 70,
+                                                       64, 30, 1]]
+        db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
+                            "db.fa")
+        block = make_block(db, 0, len(db), self.device)
+        soft = SoftSearch.of(BLOSUM62.tensor(device=self.device), 1.0, **gaps)
+        assert len(soft.runs(block.host_lengths, gaps["gap"] is None)) > 4
+        query = torch.tensor(list(BLOSUM62.encode(sequences[5][:300], lambda: "q")), dtype=torch.uint8,
+                             device=self.device)
+        in_runs, flagged = soft.scores(query, block)
+        whole, _ = soft.scores(query, search_block(block.codes, block.lengths))
+        assert torch.equal(in_runs, whole) and int(flagged.item()) == 0
+
+    def test_an_odd_batch_and_junk_past_the_lengths(self):
+        load_engine("cuda")
+        rng = torch.Generator().manual_seed(50_200)
+        S = BLOSUM62.tensor(device=self.device)
+        targets, tlen = padded_code_targets(rng, [300, 299, 120, 5, 1], S.shape[0], self.device)
+        query = torch.randint(0, S.shape[0], (77,), generator=rng, dtype=torch.uint8).to(self.device)
+        for gaps in (LINEAR, AFFINE):
+            soft = SoftSearch.of(S, 1.0, **gaps)
+            clean, _ = soft.scores(query, search_block(targets, tlen))
+            junk = targets.clone()
+            junk[torch.arange(300, device=self.device)[None, :] >= tlen[:, None]] = 0  # 'A': a real letter
+            assert torch.equal(soft.scores(query, search_block(junk, tlen))[0], clean)
+
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_the_kernel_is_its_model(self, gaps):
+        """The kernel and its NumPy model (the same algorithm, float32) on random and related pairs, with
+        the settings of the search and with a low upper exponent that rescales every strong segment again
+        and again: the same flags, scores within float32 rounding."""
+        load_engine("cuda")
+        S = BLOSUM62.tensor(device=self.device)
+        pairs = related_protein_pairs(52, 6, 30, 70)
+        rng = random.Random(52)
+        query = pairs[0][0]
+        sequences = [t for _, t in pairs] + [query, "", "W"]
+        sequences += [random_protein(rng, rng.randint(1, 90)) for _ in range(9)]
+        width = max(map(len, sequences))
+        block = np.zeros((len(sequences), width), np.int64)
+        for b, s in enumerate(sequences):
+            block[b, :len(s)] = list(BLOSUM62.encode(s, lambda: "t"))
+        lengths = np.array([len(s) for s in sequences])
+        q = np.array(list(BLOSUM62.encode(query, lambda: "q")))
+        plan = SoftSearch.plan(S, 1.0, **gaps)
+        for settings in (plan, dict(plan, upper=30, middle=20, lower=4, floor=126)):
+            soft = SoftSearch(torch.from_numpy(settings["powers"]).to(self.device),
+                              {k: v for k, v in settings.items() if k != "powers"})
+            scores, count = soft.scores(torch.from_numpy(q).to(torch.uint8).to(self.device),
+                                        search_block(torch.from_numpy(block).to(torch.uint8).to(self.device),
+                                                 torch.from_numpy(lengths).to(self.device)))
+            expected, flagged = soft_search_model(q, block, lengths, settings)
+            assert int(count.item()) == int(flagged.sum()) == 0
+            np.testing.assert_allclose(scores.cpu().numpy(), expected, rtol=1e-6, atol=1e-7)
+
+    def test_flagged_pairs_score_minus_one_and_are_counted(self):
+        """A floor of 2^0 with a low upper exponent flags the strong pairs (as the model says); a bound
+        above every score flags them all but the empty targets."""
+        load_engine("cuda")
+        S = BLOSUM62.tensor(device=self.device)
+        query = related_protein_pairs(53, 1, 60, 60)[0][0]
+        sequences = [query, query[10:50], "", "G", "WWW"]
+        codes = torch.zeros((len(sequences), 60), dtype=torch.uint8)
+        for b, s in enumerate(sequences):
+            codes[b, :len(s)] = torch.tensor(list(BLOSUM62.encode(s, lambda: "t")), dtype=torch.uint8)
+        lengths = torch.tensor([len(s) for s in sequences])
+        q = torch.tensor(list(BLOSUM62.encode(query, lambda: "q")), dtype=torch.uint8)
+        plan = SoftSearch.plan(S, 1.0, **LINEAR)
+        strict = dict(plan, upper=30, middle=20, lower=4, floor=0)
+        _, expected = soft_search_model(q.long().numpy(), codes.long().numpy(), lengths.numpy(), strict)
+        assert expected.tolist() == [True, True, False, False, False]
+        for settings, flags in ((strict, expected.tolist()), (dict(plan, bound=1e30), [True, True, False, True, True])):
+            soft = SoftSearch(torch.from_numpy(settings["powers"]).to(self.device),
+                              {k: v for k, v in settings.items() if k != "powers"})
+            scores, count = soft.scores(q.to(self.device), search_block(codes.to(self.device), lengths.to(self.device)))
+            assert (scores < 0).tolist() == flags and int(count.item()) == sum(flags)
+            assert scores[scores < 0].tolist() == [-1.0] * sum(flags) and scores[2].item() == 0.0
+
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_flagged_pairs_are_scored_again_by_the_search(self, gaps, monkeypatch):
+        """The search scores the flagged pairs again through the general op: its hits are the CPU engine's,
+        and it counts them."""
+        rng = random.Random(53)
+        pairs = related_protein_pairs(54, 4, 40, 90)
+        sequences = [t for _, t in pairs] + [random_protein(rng, rng.randint(1, 200)) for _ in range(150)]
+        db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
+                            "db.fa")
+        codes = [BLOSUM62.encode(q, lambda: "query") for q, _ in pairs]
+        load_engine("cuda")
+        load_engine("cpu")
+        plan = SoftSearch.plan
+        monkeypatch.setattr(SoftSearch, "plan", classmethod(
+            lambda cls, *args: dict(plan(*args), upper=30, middle=20, lower=4, floor=0)))
+        searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], 1.0, 10, "cuda", self.device, max_cells=1 << 13,
+                            gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
+        assert searcher.soft is not None
+        on_gpu = [searcher.best(c) for c in codes]
+        assert searcher.rescored >= len(codes)  # at least each query's relative
+        assert_cpu_hits(on_gpu, codes, db, gaps, 10, rtol=2e-5, atol=1e-4)
+
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_search_equals_the_cpu_engines(self, gaps):
+        db, codes = random_search_set(50_300, BLOSUM62)
+        load_engine("cuda")
+        load_engine("cpu")
+        searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], 1.0, 20, "cuda", self.device, max_cells=1 << 14,
+                            gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
+        assert searcher.soft is not None and searcher.exact is None
+        on_gpu = list(search(codes, db, BLOSUM62.tensor(), gaps["gap"], 1.0, 20, "cuda", self.device,
+                             max_cells=1 << 14, gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"]))
+        assert_cpu_hits(on_gpu, codes, db, gaps, 20, rtol=2e-6, atol=1e-5)
+
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_real_proteins_within_2e6_of_float64(self, gaps):
+        """Real proteins against real proteins, their mutated copies and a target of 35,000 residues (real
+        proteins end to end): every score within 2e-6 relative of the float64 engine, none flagged."""
+        load_engine("cuda")
+        rng = random.Random(50_400)
+        real = proteins()
+        sequences = rng.sample(real, min(120, len(real)))
+        long = "".join(rng.sample(real, len(real)))
+        while len(long) < 35_000:
+            long += long
+        S = BLOSUM62.tensor(device=self.device)
+        soft = SoftSearch.of(S, 1.0, **gaps)
+        for query in rng.sample([s for s in sequences if len(s) <= 1200], 4):
+            relatives = [t for _, t in related_protein_pairs(rng.randint(0, 99), 4, 50, 300)]
+            targets = sequences + relatives + [long[:35_000]]
+            targets += [query, query[len(query) // 3:]]
+            targets.sort(key=len, reverse=True)
+            width = len(targets[0])
+            codes = torch.zeros((len(targets), width), dtype=torch.uint8)
+            for b, s in enumerate(targets):
+                codes[b, :len(s)] = torch.tensor(list(BLOSUM62.encode(s, lambda: "t")), dtype=torch.uint8)
+            codes, lengths = codes.to(self.device), torch.tensor([len(s) for s in targets], device=self.device)
+            q = torch.tensor(list(BLOSUM62.encode(query, lambda: "q")), dtype=torch.uint8, device=self.device)
+            scores, flagged = soft.scores(q, search_block(codes, lengths))
+            expected = float64_scores(q, codes, lengths, gaps, 1.0)
+            assert int(flagged.item()) == 0
+            relative = ((scores.double() - expected).abs() / expected.abs().clamp_min(1e-30)).max().item()
+            assert relative <= 2e-6, relative
+
+    @slow
+    @pytest.mark.parametrize("t", [0.9, 1.5, 3.0])
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_other_temperatures_against_float64(self, gaps, t):
+        load_engine("cuda")
+        rng = torch.Generator().manual_seed(50_500)
+        S = BLOSUM62.tensor(device=self.device)
+        soft = SoftSearch.of(S, t, **gaps)
+        if soft is None:
+            pytest.skip(f"the kernel does not take t = {t} with these gaps")
+        lengths = [700] + torch.randint(0, 700, (200,), generator=rng).tolist()
+        targets, tlen = padded_code_targets(rng, lengths, S.shape[0], self.device)
+        query = torch.randint(0, S.shape[0], (250,), generator=rng, dtype=torch.uint8).to(self.device)
+        scores, flagged = soft.scores(query, search_block(targets, tlen))
+        assert int(flagged.item()) == 0
+        torch.testing.assert_close(scores.double(), float64_scores(query, targets, tlen, gaps, t), rtol=2e-6,
+                                   atol=2e-6)
+
+    def test_which_kernel_the_searcher_takes(self):
+        load_engine("cuda")
+        db = database.build([FastaRecord("db.fa", 1, "s0", "MKVLA"), FastaRecord("db.fa", 2, "s1", "WW")], BLOSUM62,
+                            "db.fa")
+        soft = Searcher(db, BLOSUM62.tensor(), -4.0, 1.0, 5, "cuda", self.device)
+        assert soft.soft is not None and soft.kernel is soft.soft
+        exact = Searcher(db, BLOSUM62.tensor(), -4.0, 0.0, 5, "cuda", self.device)
+        assert exact.exact is not None and exact.soft is None
+        general = Searcher(db, BLOSUM62.tensor(), -4.0, 0.5, 5, "cuda", self.device)
+        assert general.kernel is None
+
+    def test_make_block_then_search_one_block(self):
+        """A block made by the search (its padding from the flat codes), scored by the kernel, equals the
+        float64 engine on the same block."""
+        load_engine("cuda")
+        rng = random.Random(50_600)
+        sequences = [random_protein(rng, rng.randint(1, 300)) for _ in range(70)]
+        db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
+                            "db.fa")
+        block = make_block(db, 0, len(db), self.device)
+        query = torch.tensor(list(BLOSUM62.encode(sequences[3], lambda: "q")), dtype=torch.uint8, device=self.device)
+        soft = SoftSearch.of(BLOSUM62.tensor(device=self.device), 1.0, **AFFINE)
+        scores, flagged = soft.scores(query, block)
+        assert int(flagged.item()) == 0
+        torch.testing.assert_close(scores.double(), float64_scores(query, block.codes, block.lengths, AFFINE, 1.0),
+                                   rtol=2e-6, atol=2e-6)
