@@ -206,6 +206,9 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
                 const bool t3 = h != A(0) && !t1 && !t2 && xl == h;
                 wd = t1, wu = t2, wl = t3;
               }
+              // Past the target, the table's H comes from the padding: a weight there can overflow to
+              // inf, and 0 * inf would pass a NaN on to the columns inside.
+              if (r >= valid) wd = wu = wl = A(0);
               const A diag_flow = e * wd;
               g[r] = grad * diag_flow;
               if (SUMS) {
