@@ -12,7 +12,7 @@ A wrong formula for a sum, or a scale applied on the wrong side, fails here:
   the cell's lane scale, and <S, w>;
 * affine_backward.cu (affine, from the state, both soft forms; the traceback at t = 0): what enters the gap
   states and what flows along extension edges;
-* affine_backward_rows.cu (affine, by rows): the same in scaled space, X taken as H - 1 - Mt - Y.
+* affine_backward_rows.cu (affine, by rows): the same in scaled space, X kept from the row's scan.
 
 Each model returns the gradient of S, the gap sums and the inner product, all weighted by the incoming
 gradient g; the temperature's gradient then follows as ops computes it,
@@ -459,7 +459,7 @@ def affine_traceback_model(S, o, e, g, H, M, X, Y, best):
 
 
 def affine_row_step(H, Y, sig, v, valid, k, O):
-    """affine_row_step (MASKED, KEEP_MT): rows of H and Y in place; returns the row's Mt."""
+    """affine_row_step (MASKED, KEEP_MT): rows of H and Y in place; returns the row's Mt and X."""
     E = k.G
     one = [one_of(s) for s in sig]
     m = lane_zeros()
@@ -490,18 +490,20 @@ def affine_row_step(H, Y, sig, v, valid, k, O):
         carry = 0.0 if lane == 0 else times_pow2(Z[lane - 1], sig[lane - 1] - sig[lane])
         for r in range(COLS):
             inside = r < valid[lane]
-            H[lane][r] = k.Gpow[r] * carry + x[lane][r] + ty[lane][r] if inside else 0.0
+            x[lane][r] = k.Gpow[r] * carry + x[lane][r]
+            H[lane][r] = x[lane][r] + ty[lane][r] if inside else 0.0
             Y[lane][r] = Y[lane][r] if inside else 0.0
             m[lane][r] = m[lane][r] if inside else 0.0
-    holder = [H, Y, m]
+            x[lane][r] = x[lane][r] if inside else 0.0
+    holder = [H, Y, m, x]
     renormalise(holder, sig, valid)
     H[:], Y[:] = holder[0], holder[1]
-    return holder[2]
+    return holder[2], holder[3]
 
 
 def affine_rows_model(S, o, e, t, g):
     """affine_rows_forward_kernel's rows, then affine_rows_backward_kernel with SUMS: affine_adjoint_row
-    over every row from the best cell's up, each cell's gap sums in its lane scale (X = H - 1 - Mt - Y)."""
+    over every row from the best cell's up, each cell's gap sums in its lane scale (X kept from the scan)."""
     q, n = S.shape
     k = RowConsts(e, t)  # G = E, the extension's factor
     O = 2.0 ** (o * k.c)
@@ -510,10 +512,10 @@ def affine_rows_model(S, o, e, t, g):
     H = [[2.0 ** TOP if r < valid[lane] else 0.0 for r in range(COLS)] for lane in range(LANES)]
     Y = lane_zeros()
     sig = [-TOP] * LANES
-    rows = []  # (H, Y, Mt, sigma) of each row
+    rows = []  # (H, Y, Mt, sigma, X) of each row
     for i in range(q):
-        Mt = affine_row_step(H, Y, sig, lane_row(S[i], n), valid, k, O)
-        rows.append(([list(h) for h in H], [list(y) for y in Y], Mt, list(sig)))
+        Mt, X = affine_row_step(H, Y, sig, lane_row(S[i], n), valid, k, O)
+        rows.append(([list(h) for h in H], [list(y) for y in Y], Mt, list(sig), X))
     grad_S = np.zeros((q, n))
     into = extension = inner = 0.0
     best = best_in_rows([(r[0], r[3]) for r in rows], valid)
@@ -524,9 +526,8 @@ def affine_rows_model(S, o, e, t, g):
     below_w = below_y = below_sig = None
     E = k.G
     for i in range(bi, -1, -1):
-        Hr, Yr, Mr, sig_r = rows[i]
+        Hr, Yr, Mr, sig_r, Xr = rows[i]
         seed = i == bi
-        one = [one_of(s) for s in sig_r]
         Od = [0.0 if seed else 2.0 ** min(sig_r[lane] - below_sig[lane] - o1, 126.0) for lane in range(LANES)]
         Ed = [0.0 if seed else 2.0 ** min(sig_r[lane] - below_sig[lane] - k.g1, 126.0) for lane in range(LANES)]
         h = lane_zeros()
@@ -554,7 +555,7 @@ def affine_rows_model(S, o, e, t, g):
                 w[lane][r], ya[lane][r] = a_t * Mr[lane][r], a_y
                 a_x = k.Gpow[COLS - 1 - r] * carry + xs[lane][r]
                 # the gap sums: X and Y of the cell in its lane scale, their adjoints in the inverse scale
-                x_value = max(Hr[lane][r] - one[lane] - Mr[lane][r] - Yr[lane][r], 0.0)
+                x_value = Xr[lane][r]
                 if x_right != 0:
                     extension += x_right * E * x_value
                 if eb[lane][r] != 0:

@@ -25,9 +25,10 @@
 //
 // SUMS (affine_backward_parameters): the band also keeps Y, and each cell adds what enters its gap states,
 // a(X) X + a(Y) Y (their log-space adjoints), and what flows along the extension edges out of it,
-// a(X[i][j+1]) E X + a(Y[i+1][j]) E Y, with X = H - 1 - Mt - Y (its rounding, 2^-24 H, is 2^-24 of the
-// adjoint of H in the sums), and S w; S comes again from L2, as in the linear backward
-// (tests/test_parameter_sums_model.py models it).
+// a(X[i][j+1]) E X + a(Y[i+1][j]) E Y, and S w; S comes again from L2, as in the linear backward
+// (tests/test_parameter_sums_model.py models it). X is kept from the row's scan, not taken as
+// H - 1 - Mt - Y: where X is small next to H that difference is rounding alone, and a(X) can exceed a(H)
+// by E / O (2^48 at o = -11, e = -1, t = 0.3), which would carry that rounding into the sums.
 #include "affine.cuh"
 #include "dispatch.cuh"
 #include "rows.cuh"
@@ -37,7 +38,7 @@ namespace {
 
 // A kept row: H and Y of the lanes (each as rows.cuh's kept row lays out 8 values), then their sigma.
 inline constexpr int kAffineKeptRowFloats = 2 * kWarp * kRowCols + kWarp;
-// Warps per block of the backward: its shared memory (AffineBand, 17 KB a warp; 25 KB with SUMS) stays
+// Warps per block of the backward: its shared memory (AffineBand, 17 KB a warp; 33 KB with SUMS) stays
 // under the 48 KB of a static allocation.
 template <bool SUMS>
 __host__ __device__ constexpr int affine_rows_warps() {
@@ -62,11 +63,11 @@ __device__ __forceinline__ AffineRowConsts affine_row_consts(const AffineConsts<
 }
 
 // Row i of the DP from row i-1 (H and Y, this lane's stored values at scale 2^sig), in place; with
-// KEEP_MT also the row's match terms Mt, in the row's scale. hi: the row's largest stored H (of the
+// KEEP_MT also the row's match terms Mt and its X, in the row's scale. hi: the row's largest stored H (of the
 // columns inside the target). ok as in row_step (rows.cuh).
 template <bool MASKED, bool KEEP_MT>
 __device__ __forceinline__ void affine_row_step(float (&H)[kRowCols], float (&Y)[kRowCols], float (&Mt)[kRowCols],
-                                                int& sig, float& hi_out, const float (&v)[kRowCols], int valid,
+                                                float (&X)[kRowCols], int& sig, float& hi_out, const float (&v)[kRowCols], int valid,
                                                 int lane, const AffineRowConsts& a, bool& ok) {
   constexpr int top = kRowsTop;
   const RowConsts& k = a.k;
@@ -111,7 +112,8 @@ __device__ __forceinline__ void affine_row_step(float (&H)[kRowCols], float (&Y)
   float hi = 0.0f, lo = FLT_MAX;
 #pragma unroll
   for (int r = 0; r < kRowCols; ++r) {
-    const float h = fmaf(k.Gpow[r], carry, x[r]) + ty[r];
+    x[r] = fmaf(k.Gpow[r], carry, x[r]);
+    const float h = x[r] + ty[r];
     const bool in = !MASKED || r < valid;
     H[r] = in ? h : 0.0f;
     if (MASKED) Y[r] = in ? Y[r] : 0.0f;
@@ -126,13 +128,14 @@ __device__ __forceinline__ void affine_row_step(float (&H)[kRowCols], float (&Y)
     for (int r = 0; r < kRowCols; ++r) {
       H[r] *= f, Y[r] *= f;
       if (KEEP_MT) Mt[r] = MASKED && r >= valid ? 0.0f : m[r] * f;
+      if (KEEP_MT) X[r] = MASKED && r >= valid ? 0.0f : x[r] * f;
     }
     hi_out = hi * f;
   } else {  // a lane past the target keeps its 0s
 #pragma unroll
     for (int r = 0; r < kRowCols; ++r) {
       H[r] = 0.0f, Y[r] = 0.0f;
-      if (KEEP_MT) Mt[r] = 0.0f;
+      if (KEEP_MT) Mt[r] = 0.0f, X[r] = 0.0f;
     }
     hi_out = 0.0f;
   }
@@ -167,13 +170,14 @@ __device__ __forceinline__ void load_affine_kept_row(const float* kept, float (&
 }
 
 // Shared memory of the backward, per warp: a band's rows of H and Mt, and their sigma (16-byte accesses
-// in halves of 4 values, as BandRows in rows.cuh); with SUMS also of Y.
+// in halves of 4 values, as BandRows in rows.cuh); with SUMS also of X and Y.
 struct AffineBand {
   float4 h[kBandRows][2][kWarp];
   float4 m[kBandRows][2][kWarp];
   int sig[kBandRows][kWarp];
 };
-struct AffineBandWithY : AffineBand {
+struct AffineBandWithGaps : AffineBand {
+  float4 x[kBandRows][2][kWarp];
   float4 y[kBandRows][2][kWarp];
 };
 
@@ -195,13 +199,14 @@ struct AffineBelow {
 
 // One row i of the adjoint (its H and Mt), from the row below: writes the gradient row and makes `below`
 // row i. SEED: the best cell's row (nothing comes from below it), the seed g entering as g / H at column
-// seed_col of this lane (or -1). SUMS: adds the row's gap flows and <S, w> to sum (see the top), from Y of
-// the row and S read again from Sb (row i).
+// seed_col of this lane (or -1). SUMS: adds the row's gap flows and <S, w> to sum (see the top), from X and
+// Y of the row and S read again from Sb (row i).
 template <bool MASKED, bool ALIGNED, bool SEED, bool SUMS = false>
 __device__ __forceinline__ void affine_adjoint_row(const float (&H)[kRowCols], const float (&Mt)[kRowCols], int sig_r,
                                                    AffineBelow& below, float seed, int seed_col, int valid, int lane,
                                                    const AffineRowConsts& a, float* grad_row, int col, int N,
                                                    Staging& st, PairSums<float, 3>* sum = nullptr,
+                                                   const float (*Xr)[kRowCols] = nullptr,
                                                    const float (*Yr)[kRowCols] = nullptr, const float* Sb = nullptr,
                                                    int i = 0) {
   float s[kRowCols];  // SUMS: the row's scores, loaded first: their latency runs under the scan
@@ -246,7 +251,6 @@ __device__ __forceinline__ void affine_adjoint_row(const float (&H)[kRowCols], c
   const int s_right = __shfl_down_sync(kFull, sig_r, 1);
   const float carry = lane + 1 < kWarp ? times_pow2(z_right, sig_r - s_right) : 0.0f;  // a(X[i][8 lane + 8])
   float x_right = carry;
-  const float one = __int_as_float(max(127 - sig_r, 0) << 23);  // SUMS: 2^-sigma, the zero term
 #pragma unroll
   for (int r = kRowCols - 1; r >= 0; --r) {
     const float ox = O * x_right;
@@ -256,7 +260,7 @@ __device__ __forceinline__ void affine_adjoint_row(const float (&H)[kRowCols], c
     below.w[r] = t * Mt[r], below.y[r] = y;
     const float x_here = fmaf(k.Gpow[kRowCols - 1 - r], carry, xs[r]);  // a(X[i][8 lane + r])
     if (SUMS) {
-      const float yv = (*Yr)[r], xv = max_nan(H[r] - one - Mt[r] - yv, 0.0f);  // X and Y of the cell
+      const float xv = (*Xr)[r], yv = (*Yr)[r];  // X and Y of the cell
       sum->add_flow(0, x_here, xv);  // into the gap states
       sum->add_flow(0, y, yv);
       sum->add_flow(1, x_right, E * xv);  // along the extension edges, to X on the right and Y below
@@ -301,7 +305,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
       if (i >= rows) break;  // the same for the whole warp
       float hi;
       arrange_row<ALIGNED>(ring[u], staging, lane);
-      affine_row_step<MASKED, false>(H, Y, unused, sig, hi, ring[u], valid, lane, rc, ok);
+      affine_row_step<MASKED, false>(H, Y, unused, unused, sig, hi, ring[u], valid, lane, rc, ok);
       load_score_row<ALIGNED>(Sb, i + kRowsAhead, rows, N, col, ring[u]);
       const long long key = scaled_key(sig, hi);
       if (valid > 0 && key > best_key) best_key = key, best_i = i;
@@ -346,7 +350,7 @@ __global__ void __launch_bounds__(kWarp* affine_rows_warps<SUMS>())
                                 const int64_t* qlen, const int64_t* tlen, const int64_t* order, float* grad_S,
                                 float* sums, AffineConsts<float> k, int64_t B, int M, int N) {
   constexpr int kWarps = affine_rows_warps<SUMS>();
-  using Band = std::conditional_t<SUMS, AffineBandWithY, AffineBand>;
+  using Band = std::conditional_t<SUMS, AffineBandWithGaps, AffineBand>;
   __shared__ Band bands[kWarps];
   __shared__ Staging staging_rows[ALIGNED ? 1 : kWarps];  // ALIGNED: unused
   const int64_t slot = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarp;
@@ -391,13 +395,13 @@ __global__ void __launch_bounds__(kWarp* affine_rows_warps<SUMS>())
       for (int u = 0; u < kRowsAhead; ++u) {
         const int i = i0 + u;
         if (i >= r1) break;
-        float hi, Mt[kRowCols];
+        float hi, Mt[kRowCols], X[kRowCols];
         arrange_row<ALIGNED>(ring[u], staging, lane);
-        affine_row_step<MASKED, true>(H, Y, Mt, sig, hi, ring[u], valid, lane, rc, ok);
+        affine_row_step<MASKED, true>(H, Y, Mt, X, sig, hi, ring[u], valid, lane, rc, ok);
         load_score_row<ALIGNED, SUMS>(Sb, i + kRowsAhead, r1, N, col, ring[u]);
         put4(sh.h[i - r0], H, lane);
         put4(sh.m[i - r0], Mt, lane);
-        if constexpr (SUMS) put4(sh.y[i - r0], Y, lane);
+        if constexpr (SUMS) put4(sh.x[i - r0], X, lane), put4(sh.y[i - r0], Y, lane);
         sh.sig[i - r0][lane] = sig;
       }
     }
@@ -408,15 +412,15 @@ __global__ void __launch_bounds__(kWarp* affine_rows_warps<SUMS>())
       get4(sh.h[i - r0], Hr, lane);
       get4(sh.m[i - r0], Mr, lane);
       const int sig_r = sh.sig[i - r0][lane];
-      float Yr[kRowCols];
-      if constexpr (SUMS) get4(sh.y[i - r0], Yr, lane);
+      float Xr[kRowCols], Yr[kRowCols];
+      if constexpr (SUMS) get4(sh.x[i - r0], Xr, lane), get4(sh.y[i - r0], Yr, lane);
       if (i == bi) {
         const int seed_col = best_column<MASKED>(Hr, sig_r, valid, lane) - col;  // in [0, 8) in its lane only
         affine_adjoint_row<MASKED, ALIGNED, true, SUMS>(Hr, Mr, sig_r, below, grad_scores[b], seed_col, valid, lane,
-                                                        rc, Gb + int64_t(i) * N, col, N, staging, &sum, &Yr, Sb, i);
+                                                        rc, Gb + int64_t(i) * N, col, N, staging, &sum, &Xr, &Yr, Sb, i);
       } else {
         affine_adjoint_row<MASKED, ALIGNED, false, SUMS>(Hr, Mr, sig_r, below, 0.0f, -1, valid, lane, rc,
-                                                         Gb + int64_t(i) * N, col, N, staging, &sum, &Yr, Sb, i);
+                                                         Gb + int64_t(i) * N, col, N, staging, &sum, &Xr, &Yr, Sb, i);
       }
     }
   }
