@@ -249,7 +249,8 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
           if (s + 1 < S) split_pow2(sig[s] - sig[s + 1], fa[s + 1], fb[s + 1]);
           }
         }
-        float d = diag[s], left = lv;
+        float d = diag[s];
+        [[maybe_unused]] float left = lv;  // the linear sweep's left neighbour (affine carries xt)
         const float o = one[s];
 #pragma unroll
         for (int r = 0; r < kSegment; ++r) {
