@@ -257,6 +257,11 @@ class SoftSearch:
     WIDTHS = {False: (64, 128, 192, 256, 384, 512, 768, 1024), True: (64, 128, 192, 384, 768)}
     DROP, RISE = 24, 40  # a segment rescaled lands at 2^(U - DROP), and is rescaled up below 2^(U - DROP - RISE)
     MIN_UPPER, MIN_FLOOR = 48, 24
+    # The longest query it takes: on the H200 it was faster than or equal to the op's sweep at every target
+    # width for queries of 150 and 500 residues, but slower past 512 columns for 2,000 (1,051 against 1,417
+    # GCUPS at 1,024; docs/benchmarks/h200.md). Longer queries go to the op's sweep, a whole query at a
+    # time, so that a query's blocks share one path.
+    MAX_QUERY = 1000
     LETTERS = 55  # the most letters whose profile rings fit 96 KB of shared memory a block
 
     def __init__(self, powers: torch.Tensor, settings: dict):
@@ -448,7 +453,10 @@ class Searcher:
         """What scores the blocks, in words (records and benchmarks)."""
         if self.exact is not None:
             return "the exact 16-bit kernel"
-        return "the soft search kernel" if self.soft is not None else "the op's sweep from codes"
+        if self.soft is not None:
+            return (f"the soft search kernel (queries of at most {SoftSearch.MAX_QUERY:,} residues; "
+                    "the op's sweep from codes past that)")
+        return "the op's sweep from codes"
 
     def check_codes(self, database: Database, flat: torch.Tensor | None, lo: int, hi: int) -> None:
         """The search kernels index their tables by the residues' codes: every code of the residues scored
@@ -479,11 +487,12 @@ class Searcher:
         pending, candidates = Pending(None), []
         if self.ranking is not None:
             pending.table = _to(torch.from_numpy(self.ranking.table(len(codes))), self.device)
+        kernel = self.kernel_for(len(codes))
         for index, block in enumerate(self.blocks()):
             rows = block.codes.shape[0]
             timing = self.timing()
-            if self.kernel is not None:
-                scored, flagged = self.kernel.scores(query, block)
+            if kernel is not None:
+                scored, flagged = kernel.scores(query, block)
                 pending.flagged.append((block, scored, flagged))
                 scores = scored.float()
             else:
@@ -494,6 +503,12 @@ class Searcher:
         self.choose(pending, candidates)
         pending.query = query
         return pending
+
+    def kernel_for(self, query_length: int):
+        """The search kernel that scores a query of this length, or None for the op's sweep from codes."""
+        if self.soft is not None and query_length > SoftSearch.MAX_QUERY:
+            return None
+        return self.kernel
 
     def candidates(self, pending: Pending, index: int, block: Block, scores: torch.Tensor):
         """A block's best keys by score, or its best (R, keys) by E-value (of a shard's rows alone)."""

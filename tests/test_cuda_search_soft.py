@@ -243,6 +243,19 @@ class TestCudaSearchSoft:
                              max_cells=1 << 14, gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"]))
         assert_cpu_hits(on_gpu, codes, db, gaps, 20, rtol=2e-6, atol=1e-5)
 
+    def test_queries_past_the_limit_take_the_ops_sweep(self):
+        """Queries on both sides of SoftSearch.MAX_QUERY in one search: the CPU engine's hits, none
+        flagged by a kernel that did not score them."""
+        rng = random.Random(50_500)
+        sequences = [random_protein(rng, rng.randint(1, 300)) for _ in range(120)]
+        db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
+                            "db.fa")
+        queries = [random_protein(rng, n) for n in (40, SoftSearch.MAX_QUERY, SoftSearch.MAX_QUERY + 1)]
+        codes = [BLOSUM62.encode(q, lambda: "query") for q in queries]
+        load_engine("cuda")
+        on_gpu = list(search(codes, db, BLOSUM62.tensor(), -4.0, 1.0, 20, "cuda", self.device, max_cells=1 << 14))
+        assert_cpu_hits(on_gpu, codes, db, LINEAR, 20, rtol=2e-6, atol=1e-5)
+
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
     def test_real_proteins_within_2e6_of_float64(self, gaps):
         """Real proteins against real proteins, their mutated copies and a target of 12,000 residues (real
@@ -297,6 +310,8 @@ class TestCudaSearchSoft:
                             "db.fa")
         soft = Searcher(db, BLOSUM62.tensor(), -4.0, 1.0, 5, "cuda", self.device)
         assert soft.soft is not None and soft.kernel is soft.soft
+        limit = SoftSearch.MAX_QUERY
+        assert soft.kernel_for(limit) is soft.soft and soft.kernel_for(limit + 1) is None
         exact = Searcher(db, BLOSUM62.tensor(), -4.0, 0.0, 5, "cuda", self.device)
         assert exact.exact is not None and exact.soft is None
         general = Searcher(db, BLOSUM62.tensor(), -4.0, 0.5, 5, "cuda", self.device)
