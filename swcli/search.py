@@ -257,10 +257,9 @@ class SoftSearch:
     WIDTHS = {False: (64, 128, 192, 256, 384, 512, 768, 1024), True: (64, 128, 192, 384, 768)}
     DROP, RISE = 24, 40  # a segment rescaled lands at 2^(U - DROP), and is rescaled up below 2^(U - DROP - RISE)
     MIN_UPPER, MIN_FLOOR = 48, 24
-    # The longest query it takes: on the H200 it was faster than or equal to the op's sweep at every target
-    # width for queries of 150 and 500 residues, but slower past 512 columns for 2,000 (1,051 against 1,417
-    # GCUPS at 1,024; docs/benchmarks/h200.md). Longer queries go to the op's sweep, a whole query at a
-    # time, so that a query's blocks share one path.
+    # The longest query it takes: the op's sweep is faster for long queries against wide blocks (the soft
+    # search kernel's section of docs/benchmarks/h200.md). Longer queries go to the op's sweep, a whole
+    # query at a time, so that a query's blocks share one path.
     MAX_QUERY = 1000
     LETTERS = 55  # the most letters whose profile rings fit 96 KB of shared memory a block
 

@@ -63,12 +63,13 @@ __device__ __forceinline__ AffineRowConsts affine_row_consts(const AffineConsts<
 }
 
 // Row i of the DP from row i-1 (H and Y, this lane's stored values at scale 2^sig), in place; with
-// KEEP_MT also the row's match terms Mt and its X, in the row's scale. hi: the row's largest stored H (of the
-// columns inside the target). ok as in row_step (rows.cuh).
+// KEEP_MT also the row's match terms Mt and its X, in the row's scale. hi: the row's largest stored H (of
+// the columns inside the target). ok as in row_step (rows.cuh).
 template <bool MASKED, bool KEEP_MT>
 __device__ __forceinline__ void affine_row_step(float (&H)[kRowCols], float (&Y)[kRowCols], float (&Mt)[kRowCols],
-                                                float (&X)[kRowCols], int& sig, float& hi_out, const float (&v)[kRowCols], int valid,
-                                                int lane, const AffineRowConsts& a, bool& ok) {
+                                                float (&X)[kRowCols], int& sig, float& hi_out,
+                                                const float (&v)[kRowCols], int valid, int lane,
+                                                const AffineRowConsts& a, bool& ok) {
   constexpr int top = kRowsTop;
   const RowConsts& k = a.k;
   const float E = k.G, O = a.O;
@@ -417,7 +418,8 @@ __global__ void __launch_bounds__(kWarp* affine_rows_warps<SUMS>())
       if (i == bi) {
         const int seed_col = best_column<MASKED>(Hr, sig_r, valid, lane) - col;  // in [0, 8) in its lane only
         affine_adjoint_row<MASKED, ALIGNED, true, SUMS>(Hr, Mr, sig_r, below, grad_scores[b], seed_col, valid, lane,
-                                                        rc, Gb + int64_t(i) * N, col, N, staging, &sum, &Xr, &Yr, Sb, i);
+                                                        rc, Gb + int64_t(i) * N, col, N, staging, &sum, &Xr, &Yr,
+                                                        Sb, i);
       } else {
         affine_adjoint_row<MASKED, ALIGNED, false, SUMS>(Hr, Mr, sig_r, below, 0.0f, -1, valid, lane, rc,
                                                          Gb + int64_t(i) * N, col, N, staging, &sum, &Xr, &Yr, Sb, i);
