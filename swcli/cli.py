@@ -76,6 +76,8 @@ def _run(argv: list[str]) -> int:
         return INTERRUPTED
     except (SwcliError, BuildError) as exc:
         if getattr(exc, "shown", True):  # distributed.RankFailed: shown by rank 0 alone
+            if _distributed() is not None:
+                _distributed().before_saying()
             print(f"swcli: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
 

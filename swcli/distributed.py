@@ -24,7 +24,9 @@ them (WORLD_SIZE 1 included), set for this process rather than inherited from it
 Failures. Every rank makes the same collectives in the same order, and each collective carries a status
 per rank: a rank that raises carries on through the collectives with a failed status instead of its
 data, so every rank learns of the failure at the same collective and stops there. Rank 0 then reports
-the first failing rank's error (its message and exit code); the others exit with that code in silence.
+the first failing rank's error (its message and exit code); the others exit with that code in silence,
+after rank 0's process has ended (at most SAY_SECONDS): torchrun stops every rank once one ends with an
+error, which could cut rank 0 short before it says why.
 Rank 0's output goes through output.TsvWriter, so no output file appears and an existing one is kept; it
 is put in place in a phase after the last exchange, so that a failing rename is every rank's error.
 What the collectives cannot carry goes through the run's store (monitor.py): an exception that leaves a
@@ -36,9 +38,10 @@ and is polled, so a signal (Ctrl-C, torchrun's SIGTERM) ends a rank at once.
 SWCLI_FAIL_AT=RANK:POINT[:HOW][,...] makes rank RANK fail at POINT: setup, read, query:K, merge:K (the
 exchange of query or round K), write:K (rank 0 writing query or round K), closing (any rank, its part
 done), write (rank 0 putting the output in place), chunk:K, report (the exchange of failure reports),
-broadcast (of lambda and K); K counts from 0. HOW: an error (the default), crash (an exception no stage catches), hang (the process
-freezes, its heartbeat too), exit (it dies at once), device (a device-side assert breaks its CUDA
-context). It exists for the tests of these paths.
+broadcast (of lambda and K), say (rank 0 about to say a command's error); K counts from 0. HOW: an error
+(the default), crash (an exception no stage catches), hang (the process freezes, its heartbeat too), exit
+(it dies at once), device (a device-side assert breaks its CUDA context), slow (a pause of SLOW_SECONDS,
+then on). It exists for the tests of these paths.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ from swcli.monitor import DEFAULT_SILENCE, BEAT_SECONDS, Monitor, StoreLost
 SPIN_SECONDS = 200e-6  # how long a wait polls without sleeping, then in sleeps of growing length up to 5 ms
 DEFAULT_TIMEOUT = 1800.0  # seconds a rank waits for the others at one collective (the engine's first build included)
 IDENTIFY_SECONDS = 4 * BEAT_SECONDS  # after a closed connection: how long to watch which ranks still beat
+SLOW_SECONDS = 1.0  # SWCLI_FAIL_AT's slow: how long the rank pauses at the point
+SAY_SECONDS = 10.0  # how long a failed rank's process waits at its end for rank 0's, which says the error
 ENGINES = ("cpu", "cuda", "reference")
 ENVIRONMENT = launch.VARIABLES
 
@@ -115,6 +120,7 @@ class Group:
     lost: bool = False  # a collective broke or was left: the process ends without waiting for the group
     active: bool = False  # a command runs in the group (start() to finish())
     settled: bool = False  # the command's failure is known to every rank (raised by a collective)
+    failed: bool = False  # a command of this process ended with an error
 
     @property
     def leader(self) -> bool:
@@ -230,6 +236,7 @@ class Group:
         not carry is reported to the others (abandon); else the rank marks the command done. Returns what
         to raise: on a rank other than 0, an expected error that rank 0 says is raised silent."""
         self.active = False
+        self.failed = self.failed or failure is not None
         if failure is None or self.settled:
             if self.monitor is not None:
                 try:
@@ -466,7 +473,8 @@ def leave() -> None:
     if group is None:
         return
     if group.monitor is not None:
-        group.monitor.leave(group.leader and not launch.agent_store(), IDENTIFY_SECONDS)
+        group.monitor.leave(group.leader and not launch.agent_store(), IDENTIFY_SECONDS,
+                            SAY_SECONDS if group.failed else 0.0)
     if not group.lost and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -477,6 +485,11 @@ def finish(failure: BaseException | None) -> BaseException | None:
     if _group is None or not _group.active:
         return failure
     return _group.finish(failure)
+
+
+def before_saying() -> None:
+    """The point where rank 0 is about to say a command's error (the test hook's say)."""
+    inject(_group, "say")
 
 
 def left_broken() -> bool:
@@ -575,10 +588,13 @@ def inject(group: Group | None, point: str) -> None:
     for item in spec.split(","):
         rank, _, where = item.partition(":")
         how = "error"
-        for kind in ("exit", "crash", "hang", "device"):
+        for kind in ("exit", "crash", "hang", "device", "slow"):
             if where.endswith(":" + kind):
                 where, how = where[:-len(kind) - 1], kind
         if rank != str(group.rank) or where != point:
+            continue
+        if how == "slow":
+            time.sleep(SLOW_SECONDS)
             continue
         if how == "exit":
             os._exit(3)

@@ -120,13 +120,21 @@ class Monitor:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * BEAT_SECONDS)
 
-    def leave(self, host: bool, timeout: float) -> None:
+    def leave(self, host: bool, timeout: float, after_rank_0: float = 0.0) -> None:
         """The process ends: the heartbeat stops, and the process that holds the store (`host`: rank 0,
         where no torchrun agent holds it) waits, at most `timeout` seconds, for every live rank to have
         stopped its own, whose next request would otherwise meet a closed connection (and torch print
-        its trace)."""
+        its trace). after_rank_0: how long a rank other than 0 then waits for rank 0's process to end
+        (a failed run: torchrun stops every rank once one ends with an error, and rank 0 may still be
+        saying what failed)."""
         self.stop()
         try:
+            if self.rank == 0:
+                self._main.set(self._key("left/0"), b"1")
+            deadline = time.monotonic() + after_rank_0  # before this rank counts as left: rank 0 may hold the store
+            while (self.rank != 0 and 0 not in self.gone.union(self.silent) and time.monotonic() < deadline
+                   and not self._main.check([self._key("left/0")])):
+                time.sleep(POLL_SECONDS)
             left = int(self._main.add(self._key("left"), 1))
             deadline = time.monotonic() + timeout
             while host and left < self.size - len(self.gone.union(self.silent)) and time.monotonic() < deadline:

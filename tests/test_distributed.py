@@ -520,6 +520,19 @@ def test_a_rank_that_dies_fails_the_run_and_keeps_the_output(files, tmp_path):
     assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["hits.tsv"]
 
 
+def test_rank_0_says_the_error_before_torchrun_stops_it(files, tmp_path):
+    """The real command line: rank 1 fails and its process ends with the error's code, which makes torchrun
+    stop the other ranks; rank 0, slow to say why (a pause of a second), still says it: rank 1's process
+    ends after rank 0's."""
+    _, paths = files
+    out = tmp_path / "hits.tsv"
+    run = torchrun(["-m", "swcli", "search", paths["q"], paths["db"], "--backend", "cpu", "-o", str(out)], tmp_path,
+                   {"SWCLI_FAIL_AT": "1:query:1,0:say:slow"})
+    assert run.returncode != 0 and not out.exists()
+    assert "swcli: error: rank 1: failure injected at query:1 (SWCLI_FAIL_AT)" in run.stderr.splitlines()
+    assert "swcli: interrupted" not in run.stderr
+
+
 def test_the_exchange_benchmark_runs_on_two_ranks(tmp_path):
     """benchmarks/distributed_exchange.py calls the group's exchange as the search does: a change of its
     signature must not leave the benchmark behind."""
