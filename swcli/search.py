@@ -1,9 +1,9 @@
 """Queries x database: every query against every database sequence, the best k of each kept on the device.
 
 The database's sequences are cut, in their length order, into blocks of at most `max_cells` padded
-cells per query residue. The blocks are padded on the device from the sequences' flat codes (the host
-copies residues, never padding), once while they fit `max_bytes`, else again for each query (the same
-result, streamed). Each query is scored against each block through the codes operator, and only the
+cells per query residue (for the exact search kernel also at its tile widths: block_bounds). The blocks
+are padded on the device from the sequences' flat codes (the host copies residues, never padding), once
+while they fit `max_bytes`, else again for each query (the same result, streamed). Each query is scored against each block through the codes operator, and only the
 best k of each block leave it, so no (queries x database) score matrix ever exists.
 
 Ties are broken by database order. Each score is packed with its sequence's database order into one
@@ -44,7 +44,6 @@ class Block:
     lengths: torch.Tensor  # (n,) int64
     tiebreak: torch.Tensor  # (owned rows,) int64: LOW - database order of each row, the low half of its key
     owned: slice | None = None  # a shard's rows of the block (the others have length 0); None: every row
-    host_lengths: np.ndarray | None = None  # the lengths on the host, where known (SoftSearch cuts runs by them)
 
     @property
     def nbytes(self) -> int:
@@ -132,18 +131,54 @@ def merge_top(best: Hits | None, scores: torch.Tensor, targets: torch.Tensor, to
 # Blocks
 
 
-def block_bounds(database: Database, max_cells: int) -> list[tuple[int, int]]:
+def block_bounds(database: Database, max_cells: int, classes: "TileClasses | None" = None) -> list[tuple[int, int]]:
     """[start, stop) ranges of the length order, each of at most max_cells padded cells (one sequence
-    longer than that is a block of its own)."""
+    longer than that is a block of its own).
+
+    classes: the tile widths of the search kernel that scores the blocks. A block's targets all pay the
+    tile of its first (longest) sequence, so a block also ends where the lengths fall into a narrower
+    class, once it holds classes.fill(width) rows: the targets that occupy the GPU once. A block of fewer
+    leaves SMs idle for the whole query, which costs more than padding the next class to its tile."""
     lengths = database.lengths
+    ends = np.zeros(0, dtype=np.int64)  # the rows where a narrower class starts
+    if classes is not None and len(lengths):
+        ends = np.flatnonzero(np.diff(np.searchsorted(np.asarray(classes.widths), lengths))) + 1
     bounds, start = [], 0
     while start < len(lengths):
         width = max(int(lengths[start]), 1)  # longest first: the block's width is its first length
-        rows = max(1, max_cells // width)
-        stop = min(len(lengths), start + rows)
+        stop = min(len(lengths), start + max(1, max_cells // width))
+        if classes is not None:
+            end = np.searchsorted(ends, start + max(classes.fill(width), 1))  # the first class end past the fill
+            if end < len(ends):
+                stop = min(stop, int(ends[end]))
         bounds.append((start, stop))
         start = stop
     return bounds
+
+
+@dataclass(frozen=True)
+class TileClasses:
+    """A search kernel's tile shapes as block_bounds uses them: widths, the single-tile widths G R in
+    increasing order (a target longer than the last is swept tile after tile); fill(width), the targets
+    one launch holds in flight on every SM of the device for the shape of that width."""
+
+    shapes: tuple[tuple[int, int], ...]  # (G lanes a target or a pair of targets, R columns a lane)
+    targets_per_group: int  # targets a group of G lanes holds at once
+    threads_per_sm: int  # resident threads per SM (the kernel's launch bounds)
+    sms: int  # the device's SMs
+    waves: float  # a block ends at a class boundary once it holds this many launches' worth of targets
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return tuple(g * r for g, r in self.shapes)
+
+    def fill(self, width: int) -> int:
+        lanes = next((g for g, r in self.shapes if width <= g * r), self.shapes[-1][0])
+        return int(self.waves * self.sms * self.threads_per_sm // lanes * self.targets_per_group)
+
+
+def _sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -187,7 +222,7 @@ def make_block(database: Database, start: int, stop: int, device, flat: torch.Te
     # row-major, the cells inside the lengths are the block's residues in order: one masked scatter
     codes = torch.zeros((stop - start, width), dtype=torch.uint8, device=residues.device)
     rows = slice(first - start, last - start) if owned is not None else None
-    return Block(codes.masked_scatter_(inside, residues), block_lengths, tiebreak, rows, np.asarray(lengths))
+    return Block(codes.masked_scatter_(inside, residues), block_lengths, tiebreak, rows)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -201,6 +236,11 @@ class ExactSearch:
     whose scores (the matrix's smallest, at most 0) never raise a best cell."""
 
     LARGEST = 1000  # the largest |score| and |gap| taken: far from the int16 range, so overflow is a long run
+    # The kernel's tile shapes (kTileShapes in search_s16.cu): G lanes hold two targets, R columns a lane;
+    # 2 blocks of 256 threads an SM (its launch bounds).
+    SHAPES = ((8, 8), (8, 12), (8, 16), (8, 20), (8, 24), (8, 28), (8, 32), (16, 20), (16, 24), (16, 28), (16, 32),
+              (32, 20), (32, 24), (32, 28), (32, 32))
+    FILL_WAVES = 1.0
 
     def __init__(self, matrix: torch.Tensor, gap_open: int, gap_extend: int):
         S = matrix.to(torch.int64)
@@ -225,6 +265,9 @@ class ExactSearch:
             return None
         load_engine("cuda")  # the kernel is the CUDA engine's: a library caller may not have loaded it
         return cls(matrix, int(gaps[0]), int(gaps[1]))
+
+    def classes(self, device) -> TileClasses:
+        return TileClasses(self.SHAPES, 2, 512, _sms(device), self.FILL_WAVES)
 
     def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
         """(scores (n,) int32, -1 where 16 bits could not hold a pair; their count (1,)), queued."""
@@ -251,16 +294,17 @@ class SoftSearch:
     allows (plan's spread: such pairs would all be flagged and scored again)."""
 
     SEGMENT = 8  # columns a scale (the kernel's kSegment)
-    # The kernel's single-tile widths (G R of kLinearShapes and kAffineShapes in search_soft.cu): a block's
-    # rows are scored in runs whose lengths fall between two of them (or past the last), each run with the
-    # shape that fits it, since a target pays its last tile whole.
-    WIDTHS = {False: (64, 128, 192, 256, 384, 512, 768, 1024), True: (64, 128, 192, 384, 768)}
+    # The kernel's tile shapes (kLinearShapes, kAffineShapes in search_soft.cu): G lanes a target, R columns
+    # a lane; 4 blocks of 128 threads an SM (its launch bounds).
+    SHAPES = {False: ((8, 8), (8, 16), (8, 24), (8, 32), (16, 24), (16, 32), (32, 24), (32, 32)),
+              True: ((8, 8), (8, 16), (8, 24), (16, 24), (32, 24))}
+    FILL_WAVES = None  # blocks by cells alone: cut at its classes, the search measured no faster
     DROP, RISE = 24, 40  # a segment rescaled lands at 2^(U - DROP), and is rescaled up below 2^(U - DROP - RISE)
     MIN_UPPER, MIN_FLOOR = 48, 24
-    # The longest query it takes: the op's sweep is faster for long queries against wide blocks (the soft
-    # search kernel's section of docs/benchmarks/h200.md). Longer queries go to the op's sweep, a whole
-    # query at a time, so that a query's blocks share one path.
-    MAX_QUERY = 1000
+    # The longest query it takes, by affine: with linear gaps the op's sweep is faster for long queries
+    # (benchmarks/search_blocks.py in docs/benchmarks/h200.md), which then take it for the whole query, so
+    # that a query's blocks share one path; with affine gaps the kernel is the faster for every query.
+    MAX_QUERY = {False: 1000, True: None}
     LETTERS = 55  # the most letters whose profile rings fit 96 KB of shared memory a block
 
     def __init__(self, powers: torch.Tensor, settings: dict):
@@ -328,39 +372,14 @@ class SoftSearch:
         load_engine("cuda")  # the kernel is the CUDA engine's: a library caller may not have loaded it
         return cls(powers, plan)
 
-    @classmethod
-    def runs(cls, lengths: np.ndarray, affine: bool) -> list[tuple[int, int, int]]:
-        """A block's rows as (start, stop, longest) runs whose lengths fall in one class of WIDTHS (past
-        the last, one class). The rows are longest first, but a shard's block has rows of length 0 before
-        and after its own: such a row joins the run it sits in."""
-        lengths = np.asarray(lengths, dtype=np.int64)
-        if len(lengths) == 0:
-            return []
-        classes = np.searchsorted(np.asarray(cls.WIDTHS[affine]), lengths).astype(np.float64)
-        classes[lengths == 0] = np.nan
-        known = np.flatnonzero(lengths > 0)
-        if len(known) == 0:
-            return [(0, len(lengths), 0)]
-        # a row of length 0 takes the class of the row before it (the first rows: of the first that has one)
-        filled = np.where(np.isnan(classes), classes[known[np.maximum(np.searchsorted(known, np.arange(len(lengths)),
-                                                                                      side="right") - 1, 0)]], classes)
-        cuts = np.flatnonzero(np.diff(filled)) + 1
-        bounds = [0, *cuts.tolist(), len(lengths)]
-        return [(a, b, int(lengths[a:b].max())) for a, b in zip(bounds, bounds[1:])]
+    def classes(self, device) -> TileClasses | None:
+        if self.FILL_WAVES is None:
+            return None
+        return TileClasses(self.SHAPES[self.settings["affine"]], 1, 512, _sms(device), self.FILL_WAVES)
 
     def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued: the
-        block's rows in runs of one tile shape each where its lengths are known on the host (`runs`),
-        else in one call (its width sets the shape). A pair's score is the same either way."""
-        if block.host_lengths is None:
-            return self._call(query, block.codes, block.lengths, 0)
-        parts = [self._call(query, block.codes[a:b], block.lengths[a:b], width) if width > 0 else
-                 (torch.zeros(b - a, dtype=torch.float32, device=block.codes.device),
-                  torch.zeros(1, dtype=torch.int32, device=block.codes.device))
-                 for a, b, width in self.runs(block.host_lengths, self.settings["affine"])]
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat([p[0] for p in parts]), torch.stack([p[1] for p in parts]).sum(0, dtype=torch.int32)
+        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued."""
+        return self._call(query, block.codes, block.lengths, 0)
 
     def _call(self, query: torch.Tensor, codes: torch.Tensor, lengths: torch.Tensor, width: int):
         s = self.settings
@@ -420,7 +439,7 @@ class Searcher:
         self.kernel = self.exact or self.soft
         self.rescored = 0  # pairs a search kernel flagged, scored again through the general op
         self.lengths = database.lengths
-        self.bounds = block_bounds(database, max_cells)
+        self.bounds = block_bounds(database, max_cells, self.kernel.classes(self.device) if self.kernel else None)
         self.owned = [None] * len(self.bounds)
         if rows is not None:
             first, last = rows
@@ -453,8 +472,9 @@ class Searcher:
         if self.exact is not None:
             return "the exact 16-bit kernel"
         if self.soft is not None:
-            return (f"the soft search kernel (queries of at most {SoftSearch.MAX_QUERY:,} residues; "
-                    "the op's sweep from codes past that)")
+            limit = SoftSearch.MAX_QUERY[self.soft.settings["affine"]]
+            return "the soft search kernel" + (f" (queries of at most {limit:,} residues; the op's sweep from codes "
+                                                "past that)" if limit is not None else "")
         return "the op's sweep from codes"
 
     def check_codes(self, database: Database, flat: torch.Tensor | None, lo: int, hi: int) -> None:
@@ -505,8 +525,10 @@ class Searcher:
 
     def kernel_for(self, query_length: int):
         """The search kernel that scores a query of this length, or None for the op's sweep from codes."""
-        if self.soft is not None and query_length > SoftSearch.MAX_QUERY:
-            return None
+        if self.soft is not None:
+            limit = SoftSearch.MAX_QUERY[self.soft.settings["affine"]]
+            if limit is not None and query_length > limit:
+                return None
         return self.kernel
 
     def candidates(self, pending: Pending, index: int, block: Block, scores: torch.Tensor):

@@ -123,23 +123,27 @@ class TestCudaSearchSoft:
             assert torch.equal(other, results[0])
 
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
-    def test_a_blocks_runs_give_the_same_bits(self, gaps):
-        """A block of targets from 2,500 residues down to 1, made by the search (its lengths known on the
-        host: scored in runs of one tile shape each), and the same block in one call."""
+    def test_blocks_cut_at_every_tile_class_or_none_give_the_same_bits(self, gaps, monkeypatch):
+        """Targets from 2,500 residues down to 1 in the search's blocks: one block (each target in the
+        widest tile), or a block per tile class (block_bounds with no fill)."""
         load_engine("cuda")
         rng = random.Random(50_150)
         sequences = [random_protein(rng, n) for n in [2500, 1100, 1000, 800, 600, 500, 400, 300, 200, 150, 100, 70,
                                                        64, 30, 1]]
         db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
                             "db.fa")
-        block = make_block(db, 0, len(db), self.device)
-        soft = SoftSearch.of(BLOSUM62.tensor(device=self.device), 1.0, **gaps)
-        assert len(soft.runs(block.host_lengths, gaps["gap"] is None)) > 4
         query = torch.tensor(list(BLOSUM62.encode(sequences[5][:300], lambda: "q")), dtype=torch.uint8,
                              device=self.device)
-        in_runs, flagged = soft.scores(query, block)
-        whole, _ = soft.scores(query, search_block(block.codes, block.lengths))
-        assert torch.equal(in_runs, whole) and int(flagged.item()) == 0
+        results = []
+        for waves, blocks in ((1e9, 1), (0.0, 9 if gaps["gap"] is not None else 6)):
+            monkeypatch.setattr(SoftSearch, "FILL_WAVES", waves)
+            searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], 1.0, 10, "cuda", self.device,
+                                gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
+            assert len(searcher.bounds) == blocks and searcher.soft is not None
+            parts = [searcher.soft.scores(query, block) for block in searcher.blocks()]
+            assert all(int(flagged.item()) == 0 for _, flagged in parts)
+            results.append(torch.cat([scores for scores, _ in parts]))
+        assert torch.equal(results[0], results[1])
 
     def test_an_odd_batch_and_junk_past_the_lengths(self):
         load_engine("cuda")
@@ -244,13 +248,14 @@ class TestCudaSearchSoft:
         assert_cpu_hits(on_gpu, codes, db, gaps, 20, rtol=2e-6, atol=1e-5)
 
     def test_queries_past_the_limit_take_the_ops_sweep(self):
-        """Queries on both sides of SoftSearch.MAX_QUERY in one search: the CPU engine's hits, none
-        flagged by a kernel that did not score them."""
+        """Queries on both sides of SoftSearch.MAX_QUERY (linear gaps) in one search: the CPU engine's hits,
+        none flagged by a kernel that did not score them."""
         rng = random.Random(50_500)
         sequences = [random_protein(rng, rng.randint(1, 300)) for _ in range(120)]
         db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
                             "db.fa")
-        queries = [random_protein(rng, n) for n in (40, SoftSearch.MAX_QUERY, SoftSearch.MAX_QUERY + 1)]
+        limit = SoftSearch.MAX_QUERY[False]
+        queries = [random_protein(rng, n) for n in (40, limit, limit + 1)]
         codes = [BLOSUM62.encode(q, lambda: "query") for q in queries]
         load_engine("cuda")
         on_gpu = list(search(codes, db, BLOSUM62.tensor(), -4.0, 1.0, 20, "cuda", self.device, max_cells=1 << 14))
@@ -310,8 +315,10 @@ class TestCudaSearchSoft:
                             "db.fa")
         soft = Searcher(db, BLOSUM62.tensor(), -4.0, 1.0, 5, "cuda", self.device)
         assert soft.soft is not None and soft.kernel is soft.soft
-        limit = SoftSearch.MAX_QUERY
+        limit = SoftSearch.MAX_QUERY[False]
         assert soft.kernel_for(limit) is soft.soft and soft.kernel_for(limit + 1) is None
+        affine = Searcher(db, BLOSUM62.tensor(), None, 1.0, 5, "cuda", self.device, gap_open=-11.0, gap_extend=-1.0)
+        assert SoftSearch.MAX_QUERY[True] is None and affine.kernel_for(100_000) is affine.soft
         exact = Searcher(db, BLOSUM62.tensor(), -4.0, 0.0, 5, "cuda", self.device)
         assert exact.exact is not None and exact.soft is None
         general = Searcher(db, BLOSUM62.tensor(), -4.0, 0.5, 5, "cuda", self.device)

@@ -128,6 +128,47 @@ def test_block_bounds_cover_the_database_under_the_budget():
         assert (stop - start) * db.lengths[start] <= 2000 or stop - start == 1
 
 
+class _Lengths:
+    def __init__(self, lengths):
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+
+
+def test_block_bounds_end_at_a_kernels_tile_classes_once_the_gpu_is_full():
+    """Tiles of 64, 128 and 256 columns; fill(width) = waves x 8 threads / lanes x 2 targets: 8 rows at
+    widths up to 128 (2 lanes), 4 past (4 lanes). A block ends at the first class boundary past its fill,
+    and never passes max_cells."""
+    from swcli.search import TileClasses
+
+    lengths = [300, 290, 250, 200, 130, 129, 128, 120, 100, 90, 80, 70, 66, 65, 64, 60, 10, 5, 1]
+    classes = TileClasses(((2, 32), (2, 64), (4, 64)), 2, 8, 1, 1.0)
+    assert classes.widths == (64, 128, 256) and classes.fill(100) == 8 and classes.fill(300) == 4
+    # rows 0-1 are past 256, 2-5 in (128, 256], 6-13 in (64, 128], 14-18 at most 64
+    assert block_bounds(_Lengths(lengths), 10 ** 6, classes) == [(0, 6), (6, 14), (14, 19)]
+    assert block_bounds(_Lengths(lengths), 10 ** 6, TileClasses(classes.shapes, 2, 8, 1, 0.0)) == [
+        (0, 2), (2, 6), (6, 14), (14, 19)]
+    assert block_bounds(_Lengths(lengths), 10 ** 6, TileClasses(classes.shapes, 2, 8, 1, 100.0)) == [(0, 19)]
+    # max_cells first (600 // 300 = 2 rows), then the class boundary past the fill
+    assert block_bounds(_Lengths(lengths), 600, classes) == [(0, 2), (2, 4), (4, 8), (8, 14), (14, 19)]
+    assert block_bounds(_Lengths([]), 600, classes) == []
+    assert block_bounds(_Lengths(lengths), 10 ** 6) == [(0, 19)]
+
+
+@pytest.mark.parametrize("source, names", [("search_s16.cu", ["kTileShapes"]),
+                                           ("search_soft.cu", ["kLinearShapes", "kAffineShapes"])])
+def test_the_search_kernels_shapes_are_their_sources(source, names):
+    """ExactSearch.SHAPES and SoftSearch.SHAPES are the kernels' tile shapes (read from their sources)."""
+    import re
+    from pathlib import Path
+
+    from swcli.search import ExactSearch, SoftSearch
+
+    text = (Path(__file__).resolve().parents[1] / "kernels" / "cuda" / source).read_text()
+    expected = [ExactSearch.SHAPES] if source == "search_s16.cu" else [SoftSearch.SHAPES[False], SoftSearch.SHAPES[True]]
+    for name, shapes in zip(names, expected):
+        body = re.search(name + r"\[\] = \{(.*?)\};", text, re.S).group(1)
+        assert shapes == tuple((int(g), int(r)) for g, r in re.findall(r"\{(\d+), (\d+)\}", body))
+
+
 def test_merge_keeps_database_order_among_ties():
     best = merge_top(None, torch.tensor([5.0, 7.0, 5.0]), torch.tensor([9, 4, 2]), 2)
     assert best.scores.tolist() == [7.0, 5.0] and best.targets.tolist() == [4, 2]

@@ -413,25 +413,3 @@ def test_the_warp_layout_computes_the_models_scores(G, R, gaps):
         assert flags.tolist() == expected_flags.tolist()
         np.testing.assert_array_equal(scores[~flags], expected[~flags])
     assert expected_flags.any() and not expected_flags[1]  # the strict settings flag the strong pairs
-
-
-def test_a_blocks_rows_in_runs_of_one_tile_shape():
-    """Longest first, cut where the length passes a tile width; rows of length 0 (a shard's block) join
-    the run they sit in; past 1024 columns one run."""
-    linear = SoftSearch.runs(np.array([3000, 1500, 1024, 1000, 800, 700, 300, 65, 64, 3]), False)
-    assert linear == [(0, 2, 3000), (2, 5, 1024), (5, 6, 700), (6, 7, 300), (7, 8, 65), (8, 10, 64)]
-    assert SoftSearch.runs(np.array([0, 0, 500, 400, 0, 300, 0]), False) == [(0, 5, 500), (5, 7, 300)]
-    assert SoftSearch.runs(np.array([700, 500, 385, 384, 200, 100]), True) == [(0, 3, 700), (3, 5, 384), (5, 6, 100)]
-    assert SoftSearch.runs(np.array([0, 0]), False) == [(0, 2, 0)] and SoftSearch.runs(np.array([]), False) == []
-
-
-def test_the_runs_widths_are_the_kernels_tile_shapes():
-    """SoftSearch.WIDTHS are G R of the kernel's shapes (read from its source)."""
-    import re
-    from pathlib import Path
-
-    source = (Path(__file__).resolve().parents[1] / "kernels" / "cuda" / "search_soft.cu").read_text()
-    for affine, name in ((False, "kLinearShapes"), (True, "kAffineShapes")):
-        body = re.search(name + r"\[\] = \{(.*?)\};", source, re.S).group(1)
-        shapes = [(int(g), int(r)) for g, r in re.findall(r"\{(\d+), (\d+)\}", body)]
-        assert SoftSearch.WIDTHS[affine] == tuple(g * r for g, r in shapes)

@@ -25,6 +25,9 @@
 #     search     swcli search beside CUDASW++4.0 (benchmarks/search_peer.py; record in $OUT/search): CUDASW4's
 #                20 queries against make-db's 100,000 sequences; about 5 minutes, CUDASW4's build included;
 #                gap -4, or affine with GAP_OPEN and GAP_EXTEND (e.g. -11 and -1)
+#     search-blocks  the search's blocks cut at the exact kernel's tile classes or not, and the soft kernel for
+#                long queries or not (benchmarks/search_blocks.py): the scoring time of CUDASW4's 20 queries
+#                against make-db's database, linear -4 and affine -11/-1; about 2 minutes with make-db
 #     soft-search  the soft search kernel block by block (benchmarks/search_soft.py): GCUPS per tile shape at t = 1
 #                beside the general op (and the exact kernel at t = 0), flagged pairs, error against float64; gap -4
 #                and -11/-1; about 2 minutes
@@ -248,6 +251,13 @@ rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), ${E2E_PAIRS:-1000000}
              "$OUT/search" --work /tmp/search_work --peer .peer/peer-cudasw4 --gap-open ${GAP_OPEN:--4} \
              --gap-extend ${GAP_EXTEND:--4} 2>&1 | tee "$OUT/search_peer.txt" | tail -40
       echo "search: $(( $(date +%s) - started )) s" ;;
+    search-blocks)
+      [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }
+      [ -f /tmp/search_db.fasta ] || python3 .peer/tools/make-db /tmp/search_db.fasta
+      for gaps in linear affine; do
+        timeout 200 python3 benchmarks/search_blocks.py .peer/cudasw4/allqueries.fasta /tmp/search_db.fasta --gaps $gaps \
+          --waves 1 2 --max-queries 1000 0 2>&1 | tee "$OUT/search_blocks_$gaps.txt"
+      done ;;
     soft-search)
       for gaps in linear affine; do
         timeout 280 python3 benchmarks/search_soft.py $FASTA --gaps $gaps --json "$OUT/search_soft_$gaps.json" 2>&1 \

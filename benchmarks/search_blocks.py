@@ -1,0 +1,102 @@
+"""How the search cuts its database into blocks and which blocks its kernels take, measured: the
+scoring time of CUDASW++4.0's 20 queries against a database.
+
+At t = 0 (the exact kernel): blocks cut by cells alone (every target pays its block's widest tile), or
+also at the kernel's tile classes once a block fills the GPU FILL_WAVES times (block_bounds). At t = 1
+(the soft kernel, blocks by cells alone): queries longer than SoftSearch.MAX_QUERY take the op's sweep,
+for several limits (none: the kernel takes every query).
+
+For each setting: the blocks, the padded cells over the cells (what the tiles sweep, were the kernel to
+take every block), and the CUDA-event time of the scoring calls over the 20 queries (Searcher.step, as
+the search runs them; the second of two passes).
+
+    python3 benchmarks/search_blocks.py QUERIES.fasta DB.fasta [--gaps linear|affine] [--waves 0 1 2]
+                                        [--max-queries 1000 0]   (0: no limit)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+
+
+def padded_cells(searcher, query_lengths) -> tuple[int, int]:
+    """(cells swept by the tiles, cells) summed over the queries: each target takes its block's tile width
+    (past the widest single tile, the kernel's tiles of 32 lanes that pad the fewest columns)."""
+    from swcli.search import ExactSearch, SoftSearch
+
+    kernel = searcher.kernel
+    shapes = ExactSearch.SHAPES if kernel is searcher.exact else SoftSearch.SHAPES[kernel.settings["affine"]]
+    widths = [g * r for g, r in shapes]
+    wide = [g * r for g, r in shapes if g == 32]
+
+    def swept(n: int) -> int:
+        single = next((w for w in widths if n <= w), None)
+        return single if single is not None else min(math.ceil(n / w) * w for w in wide)
+
+    lengths = searcher.lengths
+    padded = sum((stop - start) * swept(int(lengths[start])) for start, stop in searcher.bounds)
+    return padded * sum(query_lengths), int(lengths.sum()) * sum(query_lengths)
+
+
+def kernel_seconds(searcher, queries) -> float:
+    seconds = 0.0
+    for _ in range(2):  # the first pass warms up
+        seconds, pending = 0.0, None
+        for codes in [*queries, None]:
+            pending, done = searcher.step(codes, pending)
+            if done is not None:
+                seconds += done[1]
+    return seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("queries")
+    parser.add_argument("database")
+    parser.add_argument("--gaps", choices=("linear", "affine"), default="linear")
+    parser.add_argument("--waves", type=float, nargs="+", default=[0.0, 0.5, 1.0, 2.0])
+    parser.add_argument("--max-queries", type=int, nargs="+", default=[1000, 2000, 0])
+    args = parser.parse_args(argv)
+
+    from swcli import database
+    from swcli.fasta import read_fasta
+    from swcli.ops import load_engine
+    from swcli.scoring import load_matrix
+    from swcli.search import ExactSearch, Searcher, SoftSearch
+
+    device = torch.device("cuda")
+    load_engine("cuda")
+    matrix = load_matrix("BLOSUM62")
+    db = database.build(read_fasta(args.database), matrix, args.database)
+    queries = [matrix.encode(r.sequence, lambda: "query") for r in read_fasta(args.queries)]
+    gaps = ({"gap": -4.0} if args.gaps == "linear" else {"gap": None, "gap_open": -11.0, "gap_extend": -1.0})
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {len(queries)} queries against "
+          f"{len(db):,} sequences ({int(db.lengths.sum()):,} residues), BLOSUM62, gaps {args.gaps}")
+    print("| t | setting | blocks | padded / cells | kernel time | kernel GCUPS |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    chosen = ExactSearch.FILL_WAVES, dict(SoftSearch.MAX_QUERY)
+    settings = [(0.0, waves, None) for waves in [math.inf, *args.waves]]
+    settings += [(1.0, None, limit) for limit in args.max_queries]
+    for t, waves, limit in settings:
+        if waves is not None:
+            ExactSearch.FILL_WAVES = 1e9 if waves == math.inf else waves
+            label = "blocks by cells alone" if waves == math.inf else f"cut at classes, fill {waves:g}"
+        else:
+            SoftSearch.MAX_QUERY = {False: limit or None, True: limit or None}
+            label = f"soft kernel for queries up to {limit:,} residues" if limit else "soft kernel for every query"
+        searcher = Searcher(db, matrix.tensor(device=device), gaps.get("gap"), t, 10, "cuda", device,
+                            gap_open=gaps.get("gap_open"), gap_extend=gaps.get("gap_extend"))
+        swept, cells = padded_cells(searcher, [len(q) for q in queries])
+        seconds = kernel_seconds(searcher, queries)
+        print(f"| {t:g} | {label} | {len(searcher.bounds)} | {swept / cells:.3f} | {seconds:.3f} s | "
+              f"{cells / seconds / 1e9:,.1f} |", flush=True)
+        ExactSearch.FILL_WAVES, SoftSearch.MAX_QUERY = chosen[0], dict(chosen[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
