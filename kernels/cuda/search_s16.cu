@@ -48,6 +48,12 @@ __device__ __forceinline__ unsigned max3_relu(unsigned a, unsigned b, unsigned c
   return __vimax3_s16x2_relu(a, b, c);
 }
 
+__device__ __forceinline__ unsigned load_shared_u32(unsigned address) {
+  unsigned v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address));
+  return v;
+}
+
 template <int G, int R, bool AFFINE>
 __global__ void __launch_bounds__(kSearchThreads, 2)
     search_s16_kernel(const uint8_t* __restrict__ query, int M, const uint8_t* __restrict__ target, int64_t N,
@@ -58,6 +64,7 @@ __global__ void __launch_bounds__(kSearchThreads, 2)
   const int KP = K + 1, row_size = KP * KP;
   for (int e = threadIdx.x; e < K * row_size; e += kSearchThreads) shared_table[e] = table[e];
   __syncthreads();
+  const unsigned table_address = unsigned(__cvta_generic_to_shared(shared_table));
   const int lane = int(threadIdx.x % kWarp), g = lane % G;
   const int64_t group = (int64_t(blockIdx.x) * kSearchThreads + threadIdx.x) / G;
   const int64_t first_of_warp = (int64_t(blockIdx.x) * kSearchThreads + (threadIdx.x / kWarp) * kWarp) / G;
@@ -74,12 +81,15 @@ __global__ void __launch_bounds__(kSearchThreads, 2)
   uint2* const edge = boundary ? boundary + group * int64_t(M) : nullptr;
   unsigned best = 0;
   for (int tile = 0; tile < tiles; ++tile) {
-    int subject[R];  // byte offsets of (a, b) in a query letter's row of the table
+    // Byte offsets of (a, b) in a query letter's row of the table: a column's lookup is one add to the
+    // row's shared-memory address and one load (from an index and a generic pointer the compiler made a
+    // multiply-add and a shift-add of each).
+    unsigned subject[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int c = tile * kTileCols + g * R + r;
       const int ca = c < la ? qa[c] : K, cb = c < lb ? qb[c] : K;
-      subject[r] = ca + KP * cb;
+      subject[r] = unsigned(sizeof(unsigned)) * unsigned(ca + KP * cb);
     }
     unsigned H[R], Y[R];  // H of the row above (the border: 0) and Y of this row's cells (the border: o)
 #pragma unroll
@@ -103,11 +113,11 @@ __global__ void __launch_bounds__(kSearchThreads, 2)
       if (g == 0) left_h = edge_here.x, x = edge_here.y;
       const unsigned diag_next = left_h;
       if (unsigned(i) < unsigned(M)) {
-        const unsigned* const row = shared_table + letter * row_size;
+        const unsigned row = table_address + unsigned(letter * row_size) * unsigned(sizeof(unsigned));
         unsigned diag = diag_in;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          const unsigned s = row[subject[r]];
+          const unsigned s = load_shared_u32(row + subject[r]);
           const unsigned up = H[r];
           unsigned h;
           if constexpr (AFFINE) {
