@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     parser.add_argument("queries")
     parser.add_argument("database")
     parser.add_argument("--gaps", choices=("linear", "affine"), default="linear")
-    parser.add_argument("--waves", type=float, nargs="+", default=[0.0, 0.5, 1.0, 2.0])
+    parser.add_argument("--waves", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0])
     parser.add_argument("--max-queries", type=int, nargs="*", default=[1000, 2000, 0])
     args = parser.parse_args(argv)
 
