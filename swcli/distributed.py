@@ -25,8 +25,9 @@ Failures. Every rank makes the same collectives in the same order, and each coll
 per rank: a rank that raises carries on through the collectives with a failed status instead of its
 data, so every rank learns of the failure at the same collective and stops there. Rank 0 then reports
 the first failing rank's error (its message and exit code); the others exit with that code in silence,
-after rank 0's process has ended (at most SAY_SECONDS): torchrun stops every rank once one ends with an
-error, which could cut rank 0 short before it says why.
+once rank 0 has reached its process's end (at most SAY_SECONDS): torchrun stops every rank once one ends
+with an error, which could cut rank 0 short before it says why (and a signal in rank 0's last teardown
+is then not said: the error was).
 Rank 0's output goes through output.TsvWriter, so no output file appears and an existing one is kept; it
 is put in place in a phase after the last exchange, so that a failing rename is every rank's error.
 What the collectives cannot carry goes through the run's store (monitor.py): an exception that leaves a
@@ -71,7 +72,7 @@ SPIN_SECONDS = 200e-6  # how long a wait polls without sleeping, then in sleeps 
 DEFAULT_TIMEOUT = 1800.0  # seconds a rank waits for the others at one collective (the engine's first build included)
 IDENTIFY_SECONDS = 4 * BEAT_SECONDS  # after a closed connection: how long to watch which ranks still beat
 SLOW_SECONDS = 1.0  # SWCLI_FAIL_AT's slow: how long the rank pauses at the point
-SAY_SECONDS = 10.0  # how long a failed rank's process waits at its end for rank 0's, which says the error
+SAY_SECONDS = 10.0  # how long a failed rank's process waits at its end for rank 0, which says the error
 ENGINES = ("cpu", "cuda", "reference")
 ENVIRONMENT = launch.VARIABLES
 
@@ -472,6 +473,8 @@ def leave() -> None:
     group, _group = _group, None
     if group is None:
         return
+    if group.failed:
+        interrupt.set_message_shown(False)  # the error was said: a signal during the teardown adds nothing
     if group.monitor is not None:
         group.monitor.leave(group.leader and not launch.agent_store(), IDENTIFY_SECONDS,
                             SAY_SECONDS if group.failed else 0.0)

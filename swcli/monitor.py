@@ -124,10 +124,10 @@ class Monitor:
         """The process ends: the heartbeat stops, and the process that holds the store (`host`: rank 0,
         where no torchrun agent holds it) waits, at most `timeout` seconds, for every live rank to have
         stopped its own, whose next request would otherwise meet a closed connection (and torch print
-        its trace). after_rank_0: how long a rank other than 0 then waits for rank 0's process to end
-        (a failed run: torchrun stops every rank once one ends with an error, and rank 0 may still be
-        saying what failed)."""
-        self.stop()
+        its trace). after_rank_0: how long a rank other than 0 first waits for rank 0 to reach its end,
+        its output and messages done (a failed run: torchrun stops every rank once one ends with an
+        error, and rank 0 may still be saying what failed); the heartbeat runs meanwhile, so a rank 0
+        that stopped is seen."""
         try:
             if self.rank == 0:
                 self._main.set(self._key("left/0"), b"1")
@@ -135,6 +135,10 @@ class Monitor:
             while (self.rank != 0 and 0 not in self.gone.union(self.silent) and time.monotonic() < deadline
                    and not self._main.check([self._key("left/0")])):
                 time.sleep(POLL_SECONDS)
+        except Exception:
+            pass  # the store is gone: nobody is left to wait for
+        self.stop()
+        try:
             left = int(self._main.add(self._key("left"), 1))
             deadline = time.monotonic() + timeout
             while host and left < self.size - len(self.gone.union(self.silent)) and time.monotonic() < deadline:
