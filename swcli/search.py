@@ -3,7 +3,8 @@
 The database's sequences are cut, in their length order, into blocks of at most `max_cells` padded
 cells per query residue (for the exact search kernel also at its tile widths: block_bounds). The blocks
 are padded on the device from the sequences' flat codes (the host copies residues, never padding), once
-while they fit `max_bytes`, else again for each query (the same result, streamed). Each query is scored against each block through the codes operator, and only the
+while they fit `max_bytes`, else again for each query (the same result, streamed). Each query is scored
+against each block through the codes operator, and only the
 best k of each block leave it, so no (queries x database) score matrix ever exists.
 
 Ties are broken by database order. Each score is packed with its sequence's database order into one
@@ -378,12 +379,10 @@ class SoftSearch:
         return TileClasses(self.SHAPES[self.settings["affine"]], 1, 512, _sms(device), self.FILL_WAVES)
 
     def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued."""
-        return self._call(query, block.codes, block.lengths, 0)
-
-    def _call(self, query: torch.Tensor, codes: torch.Tensor, lengths: torch.Tensor, width: int):
+        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued. The
+        block's width sets the tile shape (the operator's width 0)."""
         s = self.settings
-        return torch.ops.swcli.search_scores_soft(query, codes, lengths, self.powers, width, s["affine"],
+        return torch.ops.swcli.search_scores_soft(query, block.codes, block.lengths, self.powers, 0, s["affine"],
                                                   s["gap_factor"], s["extend_factor"], s["temperature"], s["upper"],
                                                   s["middle"], s["lower"], s["floor"], s["bound"])
 

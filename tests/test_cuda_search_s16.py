@@ -118,7 +118,7 @@ class TestCudaSearchS16:
         assert torch.equal(ranked.targets, float_ranked.targets) and torch.equal(ranked.scores, float_ranked.scores)
         assert ranked.evalues.tolist() == float_ranked.evalues.tolist() and ranked.scores.max().item() == 40_000.0
 
-    @pytest.mark.parametrize("waves", [1.0, 0.0], ids=["blocks-by-cells", "a-block-per-tile-class"])
+    @pytest.mark.parametrize("waves", [1e9, 0.0], ids=["blocks-by-cells", "a-block-per-tile-class"])
     @pytest.mark.parametrize("gap, gap_open, gap_extend", [(-4.0, None, None), (None, -11.0, -1.0)])
     def test_search_equals_the_cpu_engines(self, gap, gap_open, gap_extend, waves, monkeypatch):
         monkeypatch.setattr(ExactSearch, "FILL_WAVES", waves)

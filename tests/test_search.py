@@ -163,7 +163,8 @@ def test_the_search_kernels_shapes_are_their_sources(source, names):
     from swcli.search import ExactSearch, SoftSearch
 
     text = (Path(__file__).resolve().parents[1] / "kernels" / "cuda" / source).read_text()
-    expected = [ExactSearch.SHAPES] if source == "search_s16.cu" else [SoftSearch.SHAPES[False], SoftSearch.SHAPES[True]]
+    expected = ([ExactSearch.SHAPES] if source == "search_s16.cu"
+                else [SoftSearch.SHAPES[False], SoftSearch.SHAPES[True]])
     for name, shapes in zip(names, expected):
         body = re.search(name + r"\[\] = \{(.*?)\};", text, re.S).group(1)
         assert shapes == tuple((int(g), int(r)) for g, r in re.findall(r"\{(\d+), (\d+)\}", body))
