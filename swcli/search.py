@@ -373,6 +373,11 @@ class SoftSearch:
         load_engine("cuda")  # the kernel is the CUDA engine's: a library caller may not have loaded it
         return cls(powers, plan)
 
+    @property
+    def max_query(self) -> int | None:
+        """The longest query it takes with its gaps (MAX_QUERY); None: every query."""
+        return self.MAX_QUERY[self.settings["affine"]]
+
     def classes(self, device) -> TileClasses | None:
         if self.FILL_WAVES is None:
             return None
@@ -471,7 +476,7 @@ class Searcher:
         if self.exact is not None:
             return "the exact 16-bit kernel"
         if self.soft is not None:
-            limit = SoftSearch.MAX_QUERY[self.soft.settings["affine"]]
+            limit = self.soft.max_query
             return "the soft search kernel" + (f" (queries of at most {limit:,} residues; the op's sweep from codes "
                                                 "past that)" if limit is not None else "")
         return "the op's sweep from codes"
@@ -524,10 +529,8 @@ class Searcher:
 
     def kernel_for(self, query_length: int):
         """The search kernel that scores a query of this length, or None for the op's sweep from codes."""
-        if self.soft is not None:
-            limit = SoftSearch.MAX_QUERY[self.soft.settings["affine"]]
-            if limit is not None and query_length > limit:
-                return None
+        if self.soft is not None and self.soft.max_query is not None and query_length > self.soft.max_query:
+            return None
         return self.kernel
 
     def candidates(self, pending: Pending, index: int, block: Block, scores: torch.Tensor):
