@@ -85,6 +85,20 @@ def test_engine_files_are_the_folder_sources_and_headers():
     assert any(f.suffix == ".cu" for f in _build.engine_files("cuda"))
 
 
+def test_every_kernel_source_and_header_is_packaged():
+    """An installed (not editable) swcli compiles from the package's copy of kernels/: a source or header
+    that package-data leaves out breaks the build there, while the checkout still builds."""
+    tomllib = pytest.importorskip("tomllib")
+    settings = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = settings["package-data"]["swcli.kernels"]
+    assert settings["package-dir"]["swcli.kernels"] == "kernels"
+    files = [f for f in (REPO / "kernels").rglob("*") if f.suffix in _build.SOURCE_SUFFIXES + _build.HEADER_SUFFIXES]
+    assert {f.parent.name for f in files} >= {"cpu", "cuda", "host"}
+    missing = [str(f.relative_to(REPO)) for f in files
+               if not any(f.relative_to(REPO / "kernels").match(p) for p in patterns)]
+    assert missing == []
+
+
 def test_engine_files_of_a_missing_folder_is_a_build_error():
     with pytest.raises(BuildError, match="no_such_engine"):
         _build.engine_files("no_such_engine")
