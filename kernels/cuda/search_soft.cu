@@ -168,7 +168,6 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
 #pragma unroll
     for (int s = 0; s < S; ++s) sig[s] = 0, one[s] = 1.0f, low[s] = 0.0f, diag[s] = 1.0f, best[s] = 0.0f, fa[s] = 1.0f, fb[s] = 1.0f;
     bool deep = false;    // some segment has sigma > F: its cells are checked against the floor
-    bool scaled = false;  // some segment has sigma > 0: its values may be rescaled up
     float x_send = 1.0f, xt_send = 1.0f;  // this lane's last column at its last row, for the lane to the right
     int sig_send = 0;
     const bool reads_edge = tile > 0 && g == 0, writes_edge = tile + 1 < tiles && g == G - 1;
@@ -193,7 +192,6 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
       one[s] = __int_as_float(max(127 - sig[s], 0) << 23);  // 2^-sigma, 0 past the float range
       low[s] = sig[s] > 0 ? lower : 0.0f;
       deep |= sig[s] > call.floor;
-      scaled |= sig[s] > 0;
     };
     // Whether any lane of the warp has cond: a branch the whole warp takes or skips (no divergence to
     // reconverge from), where every lane is in the step; in a ramp, the lane's own.
@@ -225,7 +223,7 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
         if constexpr (AFFINE) xt_in = here.xt;
       }
       if (decltype(ramp)::value && unsigned(i) >= unsigned(M)) return;
-      float top;  // the largest value of the lane's row
+      bool rescaling = false;  // some segment's largest value left [2^L, 2^U]
       float x_last = x_in, xt_last = xt_in;
       int sig_last = sig_in;
 #pragma unroll
@@ -271,7 +269,7 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
         }
         const float hi = segment_max(up, s);
         best[s] = max_nan(best[s], hi);
-        top = s == 0 ? hi : max_nan(top, hi);
+        rescaling |= hi > upper || hi < low[s];
         diag[s] = lv;
         x_last = up[s * kSegment + kSegment - 1], xt_last = xt, sig_last = sig[s];
       }
@@ -296,19 +294,20 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
         }
         }
       }
-      // The segments whose largest value left [2^L, 2^U] are rescaled to 2^T. Only a lane with a value
-      // past 2^U, or with a segment scaled (sigma > 0, where the lower bound applies), has any.
-      const bool rescaling = top > upper || scaled;
+      // The segments whose largest value left [2^L, 2^U] (the lower bound only where sigma > 0: low is 0
+      // elsewhere) are rescaled to 2^T. The test is the loop's, on each segment's largest value, so that
+      // the warp enters this branch only on the steps where a lane rescales: in a long sweep, where the
+      // sums grow along the query, most segments are scaled, and a test of sigma > 0 alone would enter it
+      // on every step.
       if (any(rescaling, ramp)) {
         converge(ramp);
         if (rescaling) {
-          deep = scaled = false;
+          deep = false;
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             const float hi = segment_max(up, s);
             if (hi > upper || hi < low[s]) rescale(s, max(exponent_of(hi) - call.middle, -sig[s]));
             deep |= sig[s] > call.floor;
-            scaled |= sig[s] > 0;
             if (s > 0) split_pow2(sig[s - 1] - sig[s], fa[s], fb[s]);
           }
         }
