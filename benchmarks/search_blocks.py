@@ -23,22 +23,36 @@ import sys
 import torch
 
 
+def swept_columns(lengths, start: int, stop: int, shapes, targets_per_group: int, step: int) -> int:
+    """Columns a search kernel sweeps for a block: the launch's lanes a group G by the block's widest target
+    (its first), then each warp (32 / G groups of targets_per_group targets) the columns a lane, from 8 by
+    `step`, that hold its widest target up to the class's R; past it, the tiles of 16 or more columns a
+    lane that pad the fewest columns (lane_columns in search_s16.cu, soft_lane_columns in search_soft.cu)."""
+    G, most = next(((g, r) for g, r in shapes if int(lengths[start]) <= g * r), shapes[-1])
+    per_warp = targets_per_group * (32 // G)
+    total = 0
+    for first in range(start, stop, per_warp):
+        widest = int(lengths[first])  # longest first
+        if widest <= G * most:
+            r = max(-(-widest // G), 8)
+            width = -(-r // step) * step * G
+        else:
+            width = min(math.ceil(widest / (G * r)) * G * r for r in range(most, 15, -step))
+        total += min(per_warp, stop - first) * width
+    return total
+
+
 def padded_cells(searcher, query_lengths) -> tuple[int, int]:
-    """(cells swept by the tiles, cells) summed over the queries: each target takes its block's tile width
-    (past the widest single tile, the kernel's tiles of 32 lanes that pad the fewest columns)."""
+    """(cells swept by the tiles, cells) summed over the queries."""
     from swcli.search import ExactSearch, SoftSearch
 
     kernel = searcher.kernel
-    shapes = ExactSearch.SHAPES if kernel is searcher.exact else SoftSearch.SHAPES[kernel.settings["affine"]]
-    widths = [g * r for g, r in shapes]
-    wide = [g * r for g, r in shapes if g == 32]
-
-    def swept(n: int) -> int:
-        single = next((w for w in widths if n <= w), None)
-        return single if single is not None else min(math.ceil(n / w) * w for w in wide)
-
+    if kernel is searcher.exact:
+        shapes, per_group, step = ExactSearch.SHAPES[kernel.affine], 2, 2
+    else:
+        shapes, per_group, step = SoftSearch.SHAPES[kernel.settings["affine"]], 1, SoftSearch.SEGMENT
     lengths = searcher.lengths
-    padded = sum((stop - start) * swept(int(lengths[start])) for start, stop in searcher.bounds)
+    padded = sum(swept_columns(lengths, start, stop, shapes, per_group, step) for start, stop in searcher.bounds)
     return padded * sum(query_lengths), int(lengths.sum()) * sum(query_lengths)
 
 

@@ -237,10 +237,10 @@ class ExactSearch:
     whose scores (the matrix's smallest, at most 0) never raise a best cell."""
 
     LARGEST = 1000  # the largest |score| and |gap| taken: far from the int16 range, so overflow is a long run
-    # The kernel's tile shapes (kTileShapes in search_s16.cu): G lanes hold two targets, R columns a lane;
-    # 2 blocks of 256 threads an SM (its launch bounds).
-    SHAPES = ((8, 8), (8, 12), (8, 16), (8, 20), (8, 24), (8, 28), (8, 32), (16, 20), (16, 24), (16, 28), (16, 32),
-              (32, 20), (32, 24), (32, 28), (32, 32))
+    # The kernel's launch classes (kLinearShapes, kAffineShapes in search_s16.cu): G lanes hold two targets,
+    # at most R columns a lane (each warp takes the columns its own targets need); 2 blocks of 256 threads
+    # an SM (its launch bounds).
+    SHAPES = {False: ((8, 32), (16, 32), (32, 32)), True: ((8, 28), (16, 28), (32, 28))}
     FILL_WAVES = 1.0
 
     def __init__(self, matrix: torch.Tensor, gap_open: int, gap_extend: int):
@@ -252,6 +252,7 @@ class ExactSearch:
         self.table = (pairs - ((pairs >> 31) << 32)).to(torch.int32)  # the same 32 bits, as int32
         self.limit = 32767 - max(int(S.max()), 0)
         self.gap_open, self.gap_extend = gap_open, gap_extend
+        self.affine = gap_open != gap_extend
 
     @classmethod
     def of(cls, matrix: torch.Tensor, temperature: float, gap: float | None, gap_open: float | None,
@@ -268,7 +269,7 @@ class ExactSearch:
         return cls(matrix, int(gaps[0]), int(gaps[1]))
 
     def classes(self, device) -> TileClasses:
-        return TileClasses(self.SHAPES, 2, 512, _sms(device), self.FILL_WAVES)
+        return TileClasses(self.SHAPES[self.affine], 2, 512, _sms(device), self.FILL_WAVES)
 
     def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
         """(scores (n,) int32, -1 where 16 bits could not hold a pair; their count (1,)), queued."""
@@ -295,10 +296,10 @@ class SoftSearch:
     allows (plan's spread: such pairs would all be flagged and scored again)."""
 
     SEGMENT = 8  # columns a scale (the kernel's kSegment)
-    # The kernel's tile shapes (kLinearShapes, kAffineShapes in search_soft.cu): G lanes a target, R columns
-    # a lane; 4 blocks of 128 threads an SM (its launch bounds).
-    SHAPES = {False: ((8, 8), (8, 16), (8, 24), (8, 32), (16, 24), (16, 32), (32, 24), (32, 32)),
-              True: ((8, 8), (8, 16), (8, 24), (16, 24), (32, 24))}
+    # The kernel's launch classes (kLinearShapes, kAffineShapes in search_soft.cu): G lanes a target, at most
+    # R columns a lane (each warp takes the whole segments its own targets need); 4 blocks of 128 threads an
+    # SM (its launch bounds).
+    SHAPES = {False: ((8, 32), (16, 32), (32, 32)), True: ((8, 24), (16, 24), (32, 24))}
     FILL_WAVES = None  # blocks by cells alone: cut at its classes, the search measured no faster
     DROP, RISE = 24, 40  # a segment rescaled lands at 2^(U - DROP), and is rescaled up below 2^(U - DROP - RISE)
     MIN_UPPER, MIN_FLOOR = 48, 24

@@ -78,6 +78,33 @@ class TestCudaSearchS16:
             assert int(overflows.item()) == 0
             assert torch.equal(scores.float(), expected), f"M = {M}"
 
+    @pytest.mark.parametrize("gaps", [(-4, -4), (-11, -1)], ids=str)
+    @pytest.mark.parametrize("lanes", [8, 16, 32])
+    def test_every_warp_width_of_every_class(self, gaps, lanes):
+        """Each warp takes the columns a lane its widest target needs (8 to the class's most, by 2): one
+        warp for each, the widest exactly G R or one past G (R - 2), the others shorter; the block's
+        widest sets the class (G lanes)."""
+        load_engine("cuda")
+        rng = torch.Generator().manual_seed(40_050 + lanes)
+        picks = random.Random(lanes)
+        S = BLOSUM62.tensor(device=self.device)
+        most = ExactSearch.SHAPES[gaps[0] != gaps[1]][0][1]
+        per_warp = 2 * (32 // lanes)
+        lengths = []
+        for R in range(most, 7, -2):
+            widest = lanes * R if R % 4 == most % 4 else lanes * (R - 2) + 1
+            lengths += sorted([widest] + [picks.randint(0, widest) for _ in range(per_warp - 1)], reverse=True)
+        targets, tlen = padded_code_targets(rng, lengths, S.shape[0], self.device)
+        keywords = {"gap": float(gaps[0])} if gaps[0] == gaps[1] else {"gap_open": float(gaps[0]),
+                                                                       "gap_extend": float(gaps[1])}
+        for M in (1, 40, 301):
+            query = torch.randint(0, S.shape[0], (M,), generator=rng, dtype=torch.uint8).to(self.device)
+            scores, overflows = ExactSearch(S, *gaps).scores(query, search_block(targets, tlen))
+            expected = soft_smith_waterman_codes(query.expand(len(tlen), -1), targets, S, temperature=0.0,
+                                                 target_lengths=tlen, **keywords)
+            assert int(overflows.item()) == 0
+            assert torch.equal(scores.float(), expected), f"M = {M}"
+
     def test_an_odd_batch_and_junk_past_the_lengths(self):
         load_engine("cuda")
         rng = torch.Generator().manual_seed(40_100)

@@ -123,6 +123,40 @@ class TestCudaSearchSoft:
             assert torch.equal(other, results[0])
 
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_a_score_has_the_same_bits_whatever_its_warps_columns(self, gaps):
+        """Each warp takes the columns a lane its widest target needs: targets in a warp beside a longer
+        one (every columns a lane of each class, and several tiles) give the same floats as alone."""
+        load_engine("cuda")
+        rng = torch.Generator().manual_seed(50_120)
+        S = BLOSUM62.tensor(device=self.device)
+        pairs = related_protein_pairs(52, 6, 20, 50)
+        query = torch.tensor(list(BLOSUM62.encode(pairs[0][0], lambda: "q")), dtype=torch.uint8, device=self.device)
+        targets = [list(BLOSUM62.encode(t, lambda: "t")) for _, t in pairs]
+        assert max(map(len, targets)) <= 64
+        soft = SoftSearch.of(S, 1.0, **gaps)
+
+        def scores(lanes: int, widest: int, neighbour: int) -> torch.Tensor:
+            """The targets' scores in a block of class `lanes` (its first warp's targets `widest` long),
+            the first of them in a warp with a target `neighbour` long (random letters)."""
+            lengths = [widest] * (32 // lanes) + [neighbour] if neighbour else []
+            sequences = [[int(c) for c in torch.randint(0, 20, (n,), generator=rng)] for n in lengths] + targets
+            codes = torch.zeros((len(sequences), max(map(len, sequences))), dtype=torch.uint8)
+            for b, letters in enumerate(sequences):
+                codes[b, :len(letters)] = torch.tensor(letters, dtype=torch.uint8)
+            found, flagged = soft.scores(query, search_block(codes.to(self.device),
+                                                             torch.tensor([len(c) for c in sequences],
+                                                                          device=self.device)))
+            assert int(flagged.item()) == 0
+            return found[len(lengths):]
+
+        alone = scores(8, 0, 0)
+        for G, most in SoftSearch.SHAPES[gaps["gap"] is None]:
+            for columns in range(8, most + 1, 8):
+                assert torch.equal(scores(G, G * most, G * columns), alone), (G, columns)
+        G, most = SoftSearch.SHAPES[gaps["gap"] is None][-1]
+        assert torch.equal(scores(G, 3 * G * most + 5, 2 * G * most + 9), alone)  # several tiles
+
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
     def test_blocks_cut_at_every_tile_class_or_none_give_the_same_bits(self, gaps, monkeypatch):
         """Targets from 2,500 residues down to 1 in the search's blocks: one block (each target in the
         widest tile), or a block per tile class (block_bounds with no fill)."""
@@ -135,7 +169,7 @@ class TestCudaSearchSoft:
         query = torch.tensor(list(BLOSUM62.encode(sequences[5][:300], lambda: "q")), dtype=torch.uint8,
                              device=self.device)
         results = []
-        for waves, blocks in ((1e9, 1), (0.0, 9 if gaps["gap"] is not None else 6)):
+        for waves, blocks in ((1e9, 1), (0.0, 4)):  # the classes: 3 single tiles, then several
             monkeypatch.setattr(SoftSearch, "FILL_WAVES", waves)
             searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], 1.0, 10, "cuda", self.device,
                                 gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])

@@ -153,7 +153,7 @@ def test_block_bounds_end_at_a_kernels_tile_classes_once_the_gpu_is_full():
     assert block_bounds(_Lengths(lengths), 10 ** 6) == [(0, 19)]
 
 
-@pytest.mark.parametrize("source, names", [("search_s16.cu", ["kTileShapes"]),
+@pytest.mark.parametrize("source, names", [("search_s16.cu", ["kLinearShapes", "kAffineShapes"]),
                                            ("search_soft.cu", ["kLinearShapes", "kAffineShapes"])])
 def test_the_search_kernels_shapes_are_their_sources(source, names):
     """ExactSearch.SHAPES and SoftSearch.SHAPES are the kernels' tile shapes (read from their sources)."""
@@ -163,8 +163,8 @@ def test_the_search_kernels_shapes_are_their_sources(source, names):
     from swcli.search import ExactSearch, SoftSearch
 
     text = (Path(__file__).resolve().parents[1] / "kernels" / "cuda" / source).read_text()
-    expected = ([ExactSearch.SHAPES] if source == "search_s16.cu"
-                else [SoftSearch.SHAPES[False], SoftSearch.SHAPES[True]])
+    kernel = ExactSearch if source == "search_s16.cu" else SoftSearch
+    expected = [kernel.SHAPES[False], kernel.SHAPES[True]]
     for name, shapes in zip(names, expected):
         body = re.search(name + r"\[\] = \{(.*?)\};", text, re.S).group(1)
         assert shapes == tuple((int(g), int(r)) for g, r in re.findall(r"\{(\d+), (\d+)\}", body))

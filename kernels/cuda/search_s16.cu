@@ -8,7 +8,9 @@
 // (lane g on row k - g at step k), taking the left neighbour's last column by shuffle. A target longer
 // than a tile (G R columns) is swept tile after tile by the same group, the tile's right edge (H and the
 // gap moving along the target, per row) going to the next tile through a buffer in global memory that
-// the next tile reads a row before it is written again (in place, as InPlace in sources.cuh).
+// the next tile reads a row before it is written again (in place, as InPlace in sources.cuh). A launch
+// takes G from its widest target, and each warp R from its own (lane_columns), so that a target pays a
+// couple of columns a lane of padding rather than its block's widest tile.
 //
 // The substitution scores come from a table in shared memory indexed by the query letter and both
 // targets' letters, (q, a, b) -> (S[q][a], S[q][b]): one 32-bit load a column for both targets. Letter
@@ -54,31 +56,26 @@ __device__ __forceinline__ unsigned load_shared_u32(unsigned address) {
   return v;
 }
 
+// One group's two targets and what its sweep reads and writes.
+struct GroupSweep {
+  const uint8_t* query;
+  int M;
+  const uint8_t* qa;  // target a (the low halves) and b (the high halves), la and lb letters
+  const uint8_t* qb;
+  int la, lb;
+  unsigned table_address;  // the table in shared memory
+  int K, row_size;
+  unsigned o2, e2;  // the gaps, in both halves
+  uint2* edge;      // the group's tile edges (H, X per row), where its targets take several tiles
+  int g;            // the lane in the group
+};
+
+// The group sweeps `tiles` tiles of G R columns and returns the lane's best cells (both halves).
 template <int G, int R, bool AFFINE>
-__global__ void __launch_bounds__(kSearchThreads, 2)
-    search_s16_kernel(const uint8_t* __restrict__ query, int M, const uint8_t* __restrict__ target, int64_t N,
-                      const int64_t* __restrict__ tlen, int64_t B, const unsigned* __restrict__ table, int K,
-                      int gap_open, int gap_extend, int limit, int* __restrict__ scores,
-                      uint2* __restrict__ boundary, int* __restrict__ overflows) {
-  extern __shared__ unsigned shared_table[];
-  const int KP = K + 1, row_size = KP * KP;
-  for (int e = threadIdx.x; e < K * row_size; e += kSearchThreads) shared_table[e] = table[e];
-  __syncthreads();
-  const unsigned table_address = unsigned(__cvta_generic_to_shared(shared_table));
-  const int lane = int(threadIdx.x % kWarp), g = lane % G;
-  const int64_t group = (int64_t(blockIdx.x) * kSearchThreads + threadIdx.x) / G;
-  const int64_t first_of_warp = (int64_t(blockIdx.x) * kSearchThreads + (threadIdx.x / kWarp) * kWarp) / G;
-  if (2 * first_of_warp >= B) return;  // a whole warp leaves together
-  // Groups past the batch in a live warp sweep the last target again and write nothing.
-  const bool writes = 2 * group < B;
-  const int64_t ta = writes ? 2 * group : B - 1, tb = writes && 2 * group + 1 < B ? 2 * group + 1 : ta;
-  const int la = int(tlen[ta]), lb = int(tlen[tb]);
-  constexpr int kTileCols = G * R;
-  const int tiles = __reduce_max_sync(kFull, (max(la, lb) + kTileCols - 1) / kTileCols);
-  const unsigned o2 = pair16(gap_open), e2 = pair16(gap_extend);
-  const uint8_t* const qa = target + ta * N;
-  const uint8_t* const qb = target + tb * N;
-  uint2* const edge = boundary ? boundary + group * int64_t(M) : nullptr;
+__device__ __forceinline__ unsigned sweep(const GroupSweep& w, int tiles) {
+  const int g = w.g, M = w.M, K = w.K, KP = K + 1;
+  const unsigned o2 = w.o2, e2 = w.e2;
+  uint2* const edge = w.edge;
   unsigned best = 0;
   for (int tile = 0; tile < tiles; ++tile) {
     // Byte offsets of (a, b) in a query letter's row of the table: a column's lookup is one add to the
@@ -87,8 +84,8 @@ __global__ void __launch_bounds__(kSearchThreads, 2)
     unsigned subject[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int c = tile * kTileCols + g * R + r;
-      const int ca = c < la ? qa[c] : K, cb = c < lb ? qb[c] : K;
+      const int c = tile * G * R + g * R + r;
+      const int ca = c < w.la ? w.qa[c] : K, cb = c < w.lb ? w.qb[c] : K;
       subject[r] = unsigned(sizeof(unsigned)) * unsigned(ca + KP * cb);
     }
     unsigned H[R], Y[R];  // H of the row above (the border: 0) and Y of this row's cells (the border: o)
@@ -100,20 +97,20 @@ __global__ void __launch_bounds__(kSearchThreads, 2)
     const int steps = M + G - 1;
     // The query letter and the left edge of the next step are loaded a step ahead: the step's lookups
     // wait for neither.
-    int letter_next = unsigned(-g) < unsigned(M) ? query[-g] : 0;
+    int letter_next = unsigned(-g) < unsigned(M) ? w.query[-g] : 0;
     uint2 edge_next = reads_edge ? edge[0] : make_uint2(0u, o2);
     for (int k = 0; k < steps; ++k) {
       const int i = k - g;
       const int letter = letter_next;
       const uint2 edge_here = edge_next;
-      letter_next = unsigned(i + 1) < unsigned(M) ? query[i + 1] : 0;
+      letter_next = unsigned(i + 1) < unsigned(M) ? w.query[i + 1] : 0;
       if (reads_edge) edge_next = i + 1 < M ? edge[i + 1] : make_uint2(0u, o2);
       unsigned left_h = __shfl_up_sync(kFull, last_h, 1, G);
       unsigned x = __shfl_up_sync(kFull, last_x, 1, G);
       if (g == 0) left_h = edge_here.x, x = edge_here.y;
       const unsigned diag_next = left_h;
       if (unsigned(i) < unsigned(M)) {
-        const unsigned row = table_address + unsigned(letter * row_size) * unsigned(sizeof(unsigned));
+        const unsigned row = w.table_address + unsigned(letter * w.row_size) * unsigned(sizeof(unsigned));
         unsigned diag = diag_in;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -143,6 +140,75 @@ __global__ void __launch_bounds__(kSearchThreads, 2)
     }
     __syncwarp();  // the last lane's edge writes are visible to the first lane in the next tile
   }
+  return best;
+}
+
+// Columns a lane: a warp takes the narrowest tile of its G lanes that holds its widest target, so that
+// its targets pay at most kColumnStep columns a lane of padding; a warp whose widest target is past the
+// widest tile, the tile that pads the fewest columns (from kMinSeveralColumns: a narrow tile would
+// repeat the step's fixed cost and the wavefront's ramp too often; ties: the most columns a lane). With
+// affine gaps a lane holds at most 28 columns: past that, H, Y and the table offsets no longer fit in
+// the registers of two blocks an SM, and the step reloads spilled values.
+inline constexpr int kMinColumns = 8, kColumnStep = 2, kMinSeveralColumns = 16;
+
+template <bool AFFINE>
+inline constexpr int kMaxColumns = AFFINE ? 28 : 32;
+
+template <bool AFFINE>
+__device__ __forceinline__ int lane_columns(int G, int widest) {
+  constexpr int most = kMaxColumns<AFFINE>;
+  if (widest <= G * most) {
+    const int r = max((widest + G - 1) / G, kMinColumns);
+    return (r + kColumnStep - 1) / kColumnStep * kColumnStep;
+  }
+  int chosen = most, fewest = 0;
+  for (int r = most; r >= kMinSeveralColumns; r -= kColumnStep) {
+    const int padded = (widest + G * r - 1) / (G * r) * (G * r);
+    if (r == most || padded < fewest) chosen = r, fewest = padded;
+  }
+  return chosen;
+}
+
+// sweep<G, R> for the warp's R (warp-uniform: no divergence).
+template <int G, bool AFFINE, int R = kMinColumns>
+__device__ __forceinline__ unsigned sweep_columns(int columns, const GroupSweep& w, int tiles) {
+  if constexpr (R >= kMaxColumns<AFFINE>) {
+    return sweep<G, kMaxColumns<AFFINE>, AFFINE>(w, tiles);
+  } else {
+    if (columns == R) return sweep<G, R, AFFINE>(w, tiles);
+    return sweep_columns<G, AFFINE, R + kColumnStep>(columns, w, tiles);
+  }
+}
+
+template <int G, bool AFFINE>
+__global__ void __launch_bounds__(kSearchThreads, 2)
+    search_s16_kernel(const uint8_t* __restrict__ query, int M, const uint8_t* __restrict__ target, int64_t N,
+                      const int64_t* __restrict__ tlen, int64_t B, const unsigned* __restrict__ table, int K,
+                      int gap_open, int gap_extend, int limit, int* __restrict__ scores,
+                      uint2* __restrict__ boundary, int* __restrict__ overflows) {
+  extern __shared__ unsigned shared_table[];
+  const int KP = K + 1, row_size = KP * KP;
+  for (int e = threadIdx.x; e < K * row_size; e += kSearchThreads) shared_table[e] = table[e];
+  __syncthreads();
+  const int lane = int(threadIdx.x % kWarp), g = lane % G;
+  const int64_t group = (int64_t(blockIdx.x) * kSearchThreads + threadIdx.x) / G;
+  const int64_t first_of_warp = (int64_t(blockIdx.x) * kSearchThreads + (threadIdx.x / kWarp) * kWarp) / G;
+  if (2 * first_of_warp >= B) return;  // a whole warp leaves together
+  // Groups past the batch in a live warp sweep the last target again and write nothing.
+  const bool writes = 2 * group < B;
+  const int64_t ta = writes ? 2 * group : B - 1, tb = writes && 2 * group + 1 < B ? 2 * group + 1 : ta;
+  GroupSweep w;
+  w.query = query, w.M = M, w.qa = target + ta * N, w.qb = target + tb * N;
+  w.la = int(tlen[ta]), w.lb = int(tlen[tb]);
+  w.table_address = unsigned(__cvta_generic_to_shared(shared_table));
+  w.K = K, w.row_size = row_size;
+  w.o2 = pair16(gap_open), w.e2 = pair16(gap_extend);
+  w.edge = boundary ? boundary + group * int64_t(M) : nullptr;
+  w.g = g;
+  const int widest = __reduce_max_sync(kFull, max(w.la, w.lb));
+  const int columns = lane_columns<AFFINE>(G, widest);
+  const int tiles = (widest + G * columns - 1) / (G * columns);  // 0 where every target is empty
+  unsigned best = sweep_columns<G, AFFINE>(columns, w, tiles);
 #pragma unroll
   for (int off = G / 2; off > 0; off /= 2) best = __vmaxs2(best, __shfl_xor_sync(kFull, best, off, G));
   if (writes && g == 0) {
@@ -155,67 +221,53 @@ __global__ void __launch_bounds__(kSearchThreads, 2)
   }
 }
 
-template <int G, int R, bool AFFINE>
+template <int G, bool AFFINE>
 cudaError_t launch_search(const SearchS16Call& call, cudaStream_t stream) {
   const int64_t groups = (call.B + 1) / 2;
   const int64_t blocks = (groups * G + kSearchThreads - 1) / kSearchThreads;
   const size_t shared = size_t(call.K) * (call.K + 1) * (call.K + 1) * sizeof(unsigned);
-  cudaError_t err = cudaFuncSetAttribute(search_s16_kernel<G, R, AFFINE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaError_t err = cudaFuncSetAttribute(search_s16_kernel<G, AFFINE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(shared));
   if (err != cudaSuccess) return err;
-  search_s16_kernel<G, R, AFFINE><<<unsigned(blocks), kSearchThreads, shared, stream>>>(
+  search_s16_kernel<G, AFFINE><<<unsigned(blocks), kSearchThreads, shared, stream>>>(
       call.query, call.M, call.target, call.N, call.tlen, call.B, call.table, call.K, call.gap_open, call.gap_extend,
       call.limit, call.scores, reinterpret_cast<uint2*>(call.boundary), call.overflows);
   return cudaGetLastError();
 }
 
-// The tile shapes (lanes per group, columns per lane): a step's shuffles, query letter and loop cost as
-// much as several columns, so lanes hold many columns, and narrower groups take shorter targets (more
-// targets in flight, a shorter wavefront ramp), as in CUDASW++4.0's partitions. A block takes the
-// narrowest single tile that holds its widest target; past 1024 columns, tiles of a warp, the shape that
-// pads the fewest columns (ties: the most columns a lane).
+// The launch classes (lanes per group, and the widest tile of its lanes): a step's shuffles, query letter
+// and loop cost as much as several columns, so lanes hold many columns, and narrower groups take shorter
+// targets (more targets in flight, a shorter wavefront ramp), as in CUDASW++4.0's partitions. A launch
+// takes the narrowest class that holds its widest target in one tile; each warp then takes the columns
+// a lane that fit its own targets (lane_columns), so a launch may span classes at little cost in padding.
 struct TileShape {
   int G, R;
 };
-inline constexpr TileShape kTileShapes[] = {{8, 8},   {8, 12},  {8, 16},  {8, 20},  {8, 24},
-                                            {8, 28},  {8, 32},  {16, 20}, {16, 24}, {16, 28},
-                                            {16, 32}, {32, 20}, {32, 24}, {32, 28}, {32, 32}};
-inline constexpr int kTileShapeCount = int(sizeof(kTileShapes) / sizeof(kTileShapes[0]));
+inline constexpr TileShape kLinearShapes[] = {{8, 32}, {16, 32}, {32, 32}};
+inline constexpr TileShape kAffineShapes[] = {{8, 28}, {16, 28}, {32, 28}};
+inline constexpr int kTileShapeCount = 3;
 
-int tile_shape_for(int64_t N) {
-  for (int s = 0; s < kTileShapeCount; ++s)
-    if (N <= int64_t(kTileShapes[s].G) * kTileShapes[s].R) return s;
-  int chosen = kTileShapeCount - 1;
-  int64_t best = -1;
-  for (int s = 0; s < kTileShapeCount; ++s) {
-    if (kTileShapes[s].G != kWarp) continue;
-    const int64_t cols = int64_t(kTileShapes[s].G) * kTileShapes[s].R;
-    const int64_t padded = (N + cols - 1) / cols * cols;
-    if (best < 0 || padded <= best) best = padded, chosen = s;
-  }
-  return chosen;
-}
-
-template <bool AFFINE, int S = 0>
-cudaError_t search_shape(int shape, const SearchS16Call& call, cudaStream_t stream) {
-  if constexpr (S < kTileShapeCount) {
-    if (shape == S) return launch_search<kTileShapes[S].G, kTileShapes[S].R, AFFINE>(call, stream);
-    return search_shape<AFFINE, S + 1>(shape, call, stream);
-  } else {
-    return cudaErrorInvalidValue;
-  }
+TileShape tile_shape_for(int64_t N, bool affine) {
+  const TileShape* shapes = affine ? kAffineShapes : kLinearShapes;
+  for (int s = 0; s + 1 < kTileShapeCount; ++s)
+    if (N <= int64_t(shapes[s].G) * shapes[s].R) return shapes[s];
+  return shapes[kTileShapeCount - 1];
 }
 
 template <bool AFFINE>
 cudaError_t search_any(const SearchS16Call& call, cudaStream_t stream) {
-  return search_shape<AFFINE>(tile_shape_for(call.N), call, stream);
+  switch (tile_shape_for(call.N, AFFINE).G) {
+    case 8: return launch_search<8, AFFINE>(call, stream);
+    case 16: return launch_search<16, AFFINE>(call, stream);
+    default: return launch_search<32, AFFINE>(call, stream);
+  }
 }
 
 }  // namespace
 }  // namespace swcli_cuda
 
-int sw_cuda_search_s16_columns(int64_t N) {
-  const swcli_cuda::TileShape t = swcli_cuda::kTileShapes[swcli_cuda::tile_shape_for(N)];
+int sw_cuda_search_s16_columns(int64_t N, bool affine) {
+  const swcli_cuda::TileShape t = swcli_cuda::tile_shape_for(N, affine);
   return t.G * t.R;
 }
 

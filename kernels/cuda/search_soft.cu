@@ -11,7 +11,8 @@
 //
 // Layout, as the exact 16-bit kernel's (search_s16.cu): a group of G lanes holds one target, R columns a
 // lane, and sweeps the query's rows as a wavefront; a target wider than a tile (G R columns) is swept tile
-// after tile, the tile's right edge going to the next through a buffer (in place, read a row ahead). The
+// after tile, the tile's right edge going to the next through a buffer (in place, read a row ahead). A
+// launch takes G from its widest target, and each warp R (whole segments) from its own. The
 // groups of a warp are staggered so that lane l of the warp is on row k - l at step k: the 32 lanes then
 // read 32 consecutive rows of the profile, one bank each.
 //
@@ -111,41 +112,37 @@ __device__ __forceinline__ void fill_chunk(float* ring, const float* table, int 
 template <bool AFFINE>
 using Edge = std::conditional_t<AFFINE, EdgeAffine, EdgeLinear>;
 
+// One lane's target and what its group's sweep reads and writes: the kernel's set-up.
+template <bool AFFINE>
+struct SoftLane {
+  const float* table;  // the matrix's powers in shared memory, rows of `stride`
+  float* ring;         // the warp's profile ring
+  int stride, lane, g, len;
+  const uint8_t* codes;  // the target
+  Edge<AFFINE>* edge;    // the group's tile edges, where its target takes several tiles
+  float upper, floor_value, lower;
+  unsigned ring_lane;  // the first slot the lane reads in its letter's rows
+};
+
+// The group sweeps `tiles` tiles of G R columns; the lane's best cells go into best_key, and a check that
+// failed (an overflow, a NaN, a cell under the floor) sets failed.
 template <int G, int R, bool AFFINE>
-__global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const SearchSoftCall call) {
+__device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const SoftLane<AFFINE>& w, int tiles,
+                                           long long& best_key, bool& failed) {
   static_assert(R % kSegment == 0 && kWarp % G == 0, "lanes of whole segments, groups of whole warps");
   constexpr int S = R / kSegment;  // segments a lane
   constexpr int W = G * R;         // columns a tile
-  extern __shared__ float smem[];
-  const int K = call.K, stride = K | 1;  // an odd stride: the fill's lanes, at different letters, hit different banks
-  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
-  float* const table = smem;
-  float* const ring = smem + K * stride + warp * (K + 1) * kRingSlots;
-  for (int e = threadIdx.x; e < K * K; e += kSoftThreads) table[(e / K) * stride + e % K] = call.powers[e];
-  for (int s = lane; s < kRingSlots; s += kWarp) ring[K * kRingSlots + s] = 0.0f;  // the padding letter
-  __syncthreads();
-
-  const int64_t first = (int64_t(blockIdx.x) * kSoftWarps + warp) * (kWarp / G);
-  if (first >= call.B) return;  // a whole warp leaves together
-  const int64_t group = first + lane / G;
-  const int g = lane % G, M = call.M;
-  // Groups past the batch sweep the last target again and write nothing.
-  const bool writes = group < call.B;
-  const int64_t b = writes ? group : call.B - 1;
-  const int len = int(call.tlen[b]);
-  const int tiles = int(__reduce_max_sync(kFull, unsigned((len + W - 1) / W)));
-  const uint8_t* const codes = call.target + b * call.N;
-  Edge<AFFINE>* const edge = call.boundary ? static_cast<Edge<AFFINE>*>(call.boundary) + group * int64_t(M) : nullptr;
-  const float upper = pow2_int(call.upper), floor_value = pow2_int(-call.floor);
-  const float lower = pow2_int(call.lower);
+  const int K = call.K, stride = w.stride, lane = w.lane, g = w.g, M = call.M, len = w.len;
+  const float* const table = w.table;
+  float* const ring = w.ring;
+  const uint8_t* const codes = w.codes;
+  Edge<AFFINE>* const edge = w.edge;
+  const float upper = w.upper, floor_value = w.floor_value, lower = w.lower;
   const float gf = call.gap_factor, ef = call.extend_factor;  // G, or O and E - O
-  // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
-  const unsigned ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
+  const unsigned ring_lane = w.ring_lane;
   Edge<AFFINE> border{};
   border.x = 1.0f, border.sig = 0;
   if constexpr (AFFINE) border.xt = 1.0f;
-  long long best_key = scaled_key(0, 1.0f);  // the zero border, E = 1
-  bool failed = false;
 
   for (int tile = 0; tile < tiles; ++tile) {
     const int c0 = tile * W + g * R;
@@ -324,6 +321,71 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
     }
     __syncwarp();  // the last lane's edge writes are visible to the first lane in the next tile
   }
+}
+
+// Columns a lane (whole segments): a warp takes the narrowest tile of its G lanes that holds its widest
+// target, so that its targets pay at most a segment a lane of padding; a warp whose widest target is past
+// the widest tile, the tile of 16 or more columns a lane that pads the fewest columns (ties: the most).
+template <bool AFFINE>
+inline constexpr int kMostColumns = AFFINE ? 24 : 32;  // the affine cell holds Y~ too: 32 would spill
+
+template <bool AFFINE>
+__device__ __forceinline__ int soft_lane_columns(int G, int widest) {
+  constexpr int most = kMostColumns<AFFINE>;
+  if (widest <= G * most) return max((widest + G * kSegment - 1) / (G * kSegment), 1) * kSegment;
+  int chosen = most, fewest = 0;
+  for (int r = most; r >= 2 * kSegment; r -= kSegment) {
+    const int padded = (widest + G * r - 1) / (G * r) * (G * r);
+    if (r == most || padded < fewest) chosen = r, fewest = padded;
+  }
+  return chosen;
+}
+
+// soft_sweep<G, R> for the warp's R (warp-uniform: no divergence).
+template <int G, bool AFFINE, int R = kSegment>
+__device__ __forceinline__ void soft_sweep_columns(int columns, const SearchSoftCall& call, const SoftLane<AFFINE>& w,
+                                                   int tiles, long long& best_key, bool& failed) {
+  if constexpr (R >= kMostColumns<AFFINE>) {
+    soft_sweep<G, kMostColumns<AFFINE>, AFFINE>(call, w, tiles, best_key, failed);
+  } else {
+    if (columns == R) return soft_sweep<G, R, AFFINE>(call, w, tiles, best_key, failed);
+    soft_sweep_columns<G, AFFINE, R + kSegment>(columns, call, w, tiles, best_key, failed);
+  }
+}
+
+template <int G, bool AFFINE>
+__global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const SearchSoftCall call) {
+  extern __shared__ float smem[];
+  const int K = call.K, stride = K | 1;  // an odd stride: the fill's lanes, at different letters, hit different banks
+  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+  float* const table = smem;
+  float* const ring = smem + K * stride + warp * (K + 1) * kRingSlots;
+  for (int e = threadIdx.x; e < K * K; e += kSoftThreads) table[(e / K) * stride + e % K] = call.powers[e];
+  for (int s = lane; s < kRingSlots; s += kWarp) ring[K * kRingSlots + s] = 0.0f;  // the padding letter
+  __syncthreads();
+
+  const int64_t first = (int64_t(blockIdx.x) * kSoftWarps + warp) * (kWarp / G);
+  if (first >= call.B) return;  // a whole warp leaves together
+  const int64_t group = first + lane / G;
+  const int g = lane % G, M = call.M;
+  // Groups past the batch sweep the last target again and write nothing.
+  const bool writes = group < call.B;
+  const int64_t b = writes ? group : call.B - 1;
+  SoftLane<AFFINE> w;
+  w.table = table, w.ring = ring, w.stride = stride, w.lane = lane, w.g = g;
+  w.len = int(call.tlen[b]);
+  w.codes = call.target + b * call.N;
+  w.edge = call.boundary ? static_cast<Edge<AFFINE>*>(call.boundary) + group * int64_t(M) : nullptr;
+  w.upper = pow2_int(call.upper), w.floor_value = pow2_int(-call.floor), w.lower = pow2_int(call.lower);
+  // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
+  w.ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
+  const int widest = __reduce_max_sync(kFull, unsigned(w.len));
+  const int columns = soft_lane_columns<AFFINE>(G, widest);
+  const int tiles = (widest + G * columns - 1) / (G * columns);  // 0 where every target is empty
+  long long best_key = scaled_key(0, 1.0f);  // the zero border, E = 1
+  bool failed = false;
+  soft_sweep_columns<G, AFFINE>(columns, call, w, tiles, best_key, failed);
+  const int len = w.len;
 #pragma unroll
   for (int off = G / 2; off > 0; off /= 2) best_key = max(best_key, __shfl_xor_sync(kFull, best_key, off, G));
   const unsigned group_failed = __ballot_sync(kFull, failed) >> (lane / G * G);
@@ -340,72 +402,53 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   }
 }
 
-// The tile shapes (lanes per group, columns per lane), as the exact kernel's: a step's shuffles, its
-// conversion and its loop cost as much as a few columns, so lanes hold many, and narrower groups take
-// shorter targets. A call takes the narrowest single tile that holds its width (its widest target);
-// past 1024 columns, tiles of a warp, the shape that pads the fewest columns (ties: the most columns a
-// lane). A target pads its last tile, so the search scores a block's rows in runs of lengths that one
-// shape fits (search.soft_runs).
+// The launch classes (lanes per group, and the widest tile of its lanes), as the exact kernel's: a step's
+// shuffles, its conversion and its loop cost as much as a few columns, so lanes hold many, and narrower
+// groups take shorter targets. A call takes the narrowest class that holds its width (its widest target)
+// in one tile; each warp then takes the columns a lane that fit its own targets (soft_lane_columns).
 struct TileShape {
   int G, R;
 };
-inline constexpr TileShape kLinearShapes[] = {{8, 8},   {8, 16},  {8, 24},  {8, 32},
-                                              {16, 24}, {16, 32}, {32, 24}, {32, 32}};
-// The affine cell holds Y~ for each column too: 32 columns a lane would take too many registers.
-inline constexpr TileShape kAffineShapes[] = {{8, 8}, {8, 16}, {8, 24}, {16, 24}, {32, 24}};
+inline constexpr TileShape kLinearShapes[] = {{8, 32}, {16, 32}, {32, 32}};
+inline constexpr TileShape kAffineShapes[] = {{8, 24}, {16, 24}, {32, 24}};
+inline constexpr int kTileShapeCount = 3;
 
 template <bool AFFINE>
-struct Shapes {
-  static constexpr const TileShape* list = AFFINE ? kAffineShapes : kLinearShapes;
-  static constexpr int count = AFFINE ? int(sizeof(kAffineShapes) / sizeof(TileShape))
-                                      : int(sizeof(kLinearShapes) / sizeof(TileShape));
-};
-
-template <bool AFFINE>
-int tile_shape_for(int64_t N) {
-  using Sh = Shapes<AFFINE>;
-  for (int s = 0; s < Sh::count; ++s)
-    if (N <= int64_t(Sh::list[s].G) * Sh::list[s].R) return s;
-  int chosen = Sh::count - 1;
-  int64_t best = -1;
-  for (int s = 0; s < Sh::count; ++s) {
-    if (Sh::list[s].G != kWarp) continue;
-    const int64_t cols = int64_t(Sh::list[s].G) * Sh::list[s].R;
-    const int64_t padded = (N + cols - 1) / cols * cols;
-    if (best < 0 || padded <= best) best = padded, chosen = s;
-  }
-  return chosen;
+TileShape tile_shape_for(int64_t N) {
+  const TileShape* shapes = AFFINE ? kAffineShapes : kLinearShapes;
+  for (int s = 0; s + 1 < kTileShapeCount; ++s)
+    if (N <= int64_t(shapes[s].G) * shapes[s].R) return shapes[s];
+  return shapes[kTileShapeCount - 1];
 }
 
 size_t shared_bytes(int K) {
   return sizeof(float) * (size_t(K) * (K | 1) + size_t(kSoftWarps) * (K + 1) * kRingSlots);
 }
 
-template <int G, int R, bool AFFINE>
+template <int G, bool AFFINE>
 cudaError_t launch_soft(const SearchSoftCall& call, cudaStream_t stream) {
   const int64_t warps = (call.B + kWarp / G - 1) / (kWarp / G);
   const int64_t blocks = (warps + kSoftWarps - 1) / kSoftWarps;
   const size_t shared = shared_bytes(call.K);
-  cudaError_t err = cudaFuncSetAttribute(search_soft_kernel<G, R, AFFINE>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+  cudaError_t err = cudaFuncSetAttribute(search_soft_kernel<G, AFFINE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(shared));
   if (err != cudaSuccess) return err;
-  search_soft_kernel<G, R, AFFINE><<<unsigned(blocks), kSoftThreads, shared, stream>>>(call);
+  search_soft_kernel<G, AFFINE><<<unsigned(blocks), kSoftThreads, shared, stream>>>(call);
   return cudaGetLastError();
 }
 
-template <bool AFFINE, int S = 0>
-cudaError_t soft_shape(int shape, const SearchSoftCall& call, cudaStream_t stream) {
-  if constexpr (S < Shapes<AFFINE>::count) {
-    if (shape == S) return launch_soft<Shapes<AFFINE>::list[S].G, Shapes<AFFINE>::list[S].R, AFFINE>(call, stream);
-    return soft_shape<AFFINE, S + 1>(shape, call, stream);
-  } else {
-    return cudaErrorInvalidValue;
+template <bool AFFINE>
+cudaError_t search_any(const SearchSoftCall& call, cudaStream_t stream) {
+  switch (tile_shape_for<AFFINE>(call.width).G) {
+    case 8: return launch_soft<8, AFFINE>(call, stream);
+    case 16: return launch_soft<16, AFFINE>(call, stream);
+    default: return launch_soft<32, AFFINE>(call, stream);
   }
 }
 
 template <bool AFFINE>
 int64_t edge_bytes(int64_t B, int64_t M, int64_t N) {
-  const TileShape t = Shapes<AFFINE>::list[tile_shape_for<AFFINE>(N)];
+  const TileShape t = tile_shape_for<AFFINE>(N);
   if (N <= int64_t(t.G) * t.R) return 0;
   const int64_t per_warp = kWarp / t.G;
   const int64_t groups = (B + per_warp - 1) / per_warp * per_warp;  // the groups past the batch have rows too
@@ -425,6 +468,5 @@ int64_t sw_cuda_search_soft_shared_bytes(int K) { return int64_t(swcli_cuda::sha
 cudaError_t sw_cuda_search_soft(const SearchSoftCall& call, cudaStream_t stream) {
   using namespace swcli_cuda;
   if (call.B == 0) return cudaSuccess;
-  return call.affine ? soft_shape<true>(tile_shape_for<true>(call.width), call, stream)
-                     : soft_shape<false>(tile_shape_for<false>(call.width), call, stream);
+  return call.affine ? search_any<true>(call, stream) : search_any<false>(call, stream);
 }
