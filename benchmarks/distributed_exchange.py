@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=100)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
-    group = distributed.start()
+    group = distributed.start(mode="on")  # one rank too: its exchange is what is measured
     if group is None:
         sys.exit("run it under torchrun: torchrun --standalone --nproc-per-node N benchmarks/distributed_exchange.py")
     device = torch.device("cuda") if args.device == "cuda" else torch.device("cpu")

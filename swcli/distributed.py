@@ -1,9 +1,10 @@
 """Several processes, one run: `torchrun ... -m swcli search|align ...` shares the work among its ranks.
 
 torchrun starts one process per rank and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
-Without them there is no process group and every command runs as one process, as it always did. With
-them (WORLD_SIZE 1 included), set for this process rather than inherited from its parent (launch.py;
---distributed on|off decides instead):
+Without them there is no process group and every command runs as one process, as it always did; with
+WORLD_SIZE 1 as well (one rank has no one to share with: its group and exchanges would only cost time),
+unless --distributed on asks for the group. With several ranks, set for this process rather than
+inherited from its parent (launch.py; --distributed on|off decides instead):
 
 - The process group has NCCL for CUDA tensors, each rank on cuda:LOCAL_RANK, and gloo for host tensors
   (gloo alone where torch has no CUDA). A search's candidates travel on its engine's device; statuses,
@@ -432,6 +433,8 @@ def start(inputs: Iterable[str | None] = (), mode: str = "auto", quiet: bool = F
             print(f"swcli: running as one process: {found.describe()} (--distributed on joins their process "
                   "group)", file=sys.stderr, flush=True)
         return None
+    if found.size == 1 and mode != "on":
+        return None  # the run's only rank: the plain command, the same output without the group's cost
     if _group is None:
         rank, size, local_rank = found.rank, found.size, found.local_rank
         timeout = _seconds("SWCLI_DISTRIBUTED_TIMEOUT", DEFAULT_TIMEOUT)

@@ -198,6 +198,22 @@ def test_without_torchrun_there_is_no_group(monkeypatch):
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
+def test_the_only_rank_runs_the_plain_command_unless_asked(monkeypatch):
+    """torchrun --nproc-per-node 1: no process group (its start and exchanges would only cost time), and
+    nothing said; --distributed on joins the group of one."""
+    from swcli import launch
+
+    for name, value in {**TORCHRUN, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch, "parent_environment", lambda pid: {})  # set for this process: torchrun's
+    joined = []
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **k: joined.append(a) or 1 / 0)
+    assert distributed.start(["q.fa", "db.fa"]) is None and joined == []
+    with pytest.raises(SwcliError, match="rank 0: cannot join the other processes"):
+        distributed.start(["q.fa", "db.fa"], "on")
+    assert len(joined) == 1
+
+
 @pytest.mark.parametrize("parent, inherited", [
     (None, False),  # unreadable: the variables count as this process's, as before
     ({}, False),  # torchrun's agent: it has none of them
