@@ -481,6 +481,19 @@ def search_block_lengths(width: int, around: list[int], seed: int, count: int = 
     return lengths
 
 
+def warp_width_lengths(lanes: int, most: int, seed: int) -> list[int]:
+    """A block's target lengths, longest first, with one warp (32 / lanes groups of two targets) for each
+    columns a lane an exact search kernel's warp may take, 8 to `most` by 2: its widest exactly lanes x R
+    or one past lanes x (R - 2) (which rounds up to R), the others shorter. The first sets the launch class."""
+    rng = random.Random(seed)
+    per_warp = 2 * (32 // lanes)
+    lengths = []
+    for R in range(most, 7, -2):
+        widest = lanes * R if R % 4 == most % 4 else lanes * (R - 2) + 1
+        lengths += sorted([widest] + [rng.randint(0, widest) for _ in range(per_warp - 1)], reverse=True)
+    return lengths
+
+
 def padded_code_targets(rng: torch.Generator, lengths: list[int], K: int, device, width: int | None = None):
     """(B, width) random codes below K, junk past each length included, and the (B,) int64 lengths."""
     width = max(lengths + [1]) if width is None else width

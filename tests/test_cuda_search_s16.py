@@ -17,7 +17,7 @@ from swcli.scoring import load_matrix
 from swcli.search import ExactSearch, make_block, search
 from swcli.statistics import KarlinAltschul
 from swcli.testing import (cuda, padded_code_targets, random_protein, random_search_set, requires_cuda,
-                           search_block, search_block_lengths)
+                           search_block, search_block_lengths, warp_width_lengths)
 
 BLOSUM62 = load_matrix("BLOSUM62")
 
@@ -86,14 +86,8 @@ class TestCudaSearchS16:
         widest sets the class (G lanes)."""
         load_engine("cuda")
         rng = torch.Generator().manual_seed(40_050 + lanes)
-        picks = random.Random(lanes)
         S = BLOSUM62.tensor(device=self.device)
-        most = ExactSearch.SHAPES[gaps[0] != gaps[1]][0][1]
-        per_warp = 2 * (32 // lanes)
-        lengths = []
-        for R in range(most, 7, -2):
-            widest = lanes * R if R % 4 == most % 4 else lanes * (R - 2) + 1
-            lengths += sorted([widest] + [picks.randint(0, widest) for _ in range(per_warp - 1)], reverse=True)
+        lengths = warp_width_lengths(lanes, ExactSearch.SHAPES[gaps[0] != gaps[1]][0][1], lanes)
         targets, tlen = padded_code_targets(rng, lengths, S.shape[0], self.device)
         keywords = {"gap": float(gaps[0])} if gaps[0] == gaps[1] else {"gap_open": float(gaps[0]),
                                                                        "gap_extend": float(gaps[1])}

@@ -1,7 +1,8 @@
-// A lockstep emulation of the CUDA features kernels/cuda/long_pairs.cu uses, so that the kernels' own source runs on
-// the CPU (tests/test_long_pairs_emulated.py; tests/cuda_emulation/emulate.py builds it). Each thread of a block
-// is a fiber (ucontext), blocks run one after another, and every warp primitive (shuffle, vote, __syncwarp,
-// __syncthreads) is a round in which every live thread of the block arrives before any goes on. It serves code
+// A lockstep emulation of the CUDA features kernels/cuda/long_pairs.cu and search_s16.cu use, so that the
+// kernels' own source runs on the CPU (tests/test_long_pairs_emulated.py, tests/test_search_s16_emulated.py;
+// tests/cuda_emulation/emulate.py builds it). Each thread of a block is a fiber (ucontext), blocks run one
+// after another, and every warp primitive (shuffle, vote, __syncwarp, __syncthreads) is a round in which
+// every live thread of the block arrives before any goes on. It serves code
 // whose threads of a block meet the same primitives in the same order (a return is a whole block's), and says
 // nothing of speed, of the memory model between blocks, or of the special functions' rounding (ex2 and lg2
 // are exp2f and log2f here).
@@ -52,6 +53,10 @@ struct dim3 {
 struct uint3 {
   unsigned x, y, z;
 };
+struct uint2 {
+  unsigned x, y;
+};
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 
 namespace emu {
 
@@ -154,35 +159,53 @@ T exchange(T v, int from) {
   return r;
 }
 
+// Every thread writes its value, then reads all 32 of its warp's: f(values) (a vote, a reduction).
+template <class T, class F>
+auto gather(T v, F f) {
+  static_assert(sizeof(T) <= 8, "8 bytes a thread");
+  Block& b = block();
+  std::memcpy(&b.slots[8 * threadIdx.x], &v, sizeof(T));
+  round();
+  T values[32];
+  for (int l = 0; l < 32; ++l) std::memcpy(&values[l], &b.slots[8 * ((threadIdx.x / 32) * 32 + l)], sizeof(T));
+  round();
+  return f(values);
+}
+
 }  // namespace emu
 
+// width: the warp in segments of `width` lanes, each shuffling within itself (a power of two up to 32).
 template <class T>
-T __shfl_up_sync(unsigned, T v, int d) {
+T __shfl_up_sync(unsigned, T v, int d, int width = 32) {
   const int l = emu::lane();
-  return emu::exchange(v, l >= d ? l - d : l);
+  return emu::exchange(v, l % width >= d ? l - d : l);
 }
 template <class T>
-T __shfl_down_sync(unsigned, T v, int d) {
+T __shfl_down_sync(unsigned, T v, int d, int width = 32) {
   const int l = emu::lane();
-  return emu::exchange(v, l + d < 32 ? l + d : l);
+  return emu::exchange(v, l % width + d < width ? l + d : l);
 }
 template <class T>
-T __shfl_xor_sync(unsigned, T v, int m) {
-  return emu::exchange(v, emu::lane() ^ m);
+T __shfl_xor_sync(unsigned, T v, int m, int width = 32) {
+  const int l = emu::lane();
+  return emu::exchange(v, (l ^ m) / width == l / width ? l ^ m : l);
 }
 template <class T>
 T __shfl_sync(unsigned, T v, int from) {
   return emu::exchange(v, from & 31);
 }
-inline bool __all_sync(unsigned, bool p) {
-  bool all = true;
-  for (int l = 0; l < 32; ++l) all = emu::exchange(p, l) && all;
-  return all;
+inline unsigned __ballot_sync(unsigned, bool p) {
+  return emu::gather(p, [](const bool* v) {
+    unsigned bits = 0;
+    for (int l = 0; l < 32; ++l) bits |= unsigned(v[l]) << l;
+    return bits;
+  });
 }
-inline bool __any_sync(unsigned, bool p) {
-  bool any = false;
-  for (int l = 0; l < 32; ++l) any = emu::exchange(p, l) || any;
-  return any;
+inline bool __all_sync(unsigned mask, bool p) { return __ballot_sync(mask, p) == 0xffffffffu; }
+inline bool __any_sync(unsigned mask, bool p) { return __ballot_sync(mask, p) != 0u; }
+template <class T>
+T __reduce_max_sync(unsigned, T v) {
+  return emu::gather(v, [](const T* values) { return *std::max_element(values, values + 32); });
 }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::round(); }
 inline void __syncthreads() { emu::round(); }
@@ -207,7 +230,10 @@ inline unsigned atomicMax(unsigned* p, unsigned v) {
   *p = std::max(old, v);
   return old;
 }
-inline size_t __cvta_generic_to_shared(const void* p) { return reinterpret_cast<size_t>(p); }
+// A shared-memory address: the offset into the block's dynamic shared memory (emu::load_shared_u32 reads it).
+inline size_t __cvta_generic_to_shared(const void* p) {
+  return size_t(static_cast<const unsigned char*>(p) - emu::block().dynamic_shared.data());
+}
 
 template <class T>
 T __ldg(const T* p) {
@@ -243,8 +269,44 @@ inline float __uint_as_float(unsigned x) { return emu::bits<float>(x); }
 inline unsigned __float_as_uint(float x) { return emu::bits<unsigned>(x); }
 inline int __float_as_int(float x) { return emu::bits<int>(x); }
 
-// The PTX of common.cuh, as the preprocessing (emulate.py) rewrites it.
+// Hopper's SIMD and DPX intrinsics on the two signed 16-bit halves of 32-bit values, adds wrapping.
 namespace emu {
+inline int half(unsigned v, int h) { return int(short(v >> (16 * h))); }
+template <class F>
+unsigned halves(F f) {
+  return (unsigned(f(0)) & 0xffffu) | (unsigned(f(1)) << 16);
+}
+}  // namespace emu
+inline unsigned __vadd2(unsigned a, unsigned b) {
+  return emu::halves([&](int h) { return emu::half(a, h) + emu::half(b, h); });
+}
+inline unsigned __vmaxs2(unsigned a, unsigned b) {
+  return emu::halves([&](int h) { return std::max(emu::half(a, h), emu::half(b, h)); });
+}
+inline unsigned __viaddmax_s16x2(unsigned a, unsigned b, unsigned c) {  // max(a + b, c), the add wrapping
+  return emu::halves([&](int h) { return std::max(int(short(emu::half(a, h) + emu::half(b, h))), emu::half(c, h)); });
+}
+inline unsigned __viaddmax_s16x2_relu(unsigned a, unsigned b, unsigned c) {  // max(a + b, c, 0)
+  return emu::halves([&](int h) {
+    return std::max({int(short(emu::half(a, h) + emu::half(b, h))), emu::half(c, h), 0});
+  });
+}
+inline unsigned __vimax3_s16x2_relu(unsigned a, unsigned b, unsigned c) {  // max(a, b, c, 0)
+  return emu::halves([&](int h) { return std::max({emu::half(a, h), emu::half(b, h), emu::half(c, h), 0}); });
+}
+
+// The kernels' PTX, as the preprocessing (emulate.py) rewrites it.
+namespace emu {
+inline unsigned load_shared_u32(unsigned address) {
+  unsigned v;
+  std::memcpy(&v, block().dynamic_shared.data() + address, sizeof(v));
+  return v;
+}
+inline float load_shared_f32(unsigned address) {
+  float v;
+  std::memcpy(&v, block().dynamic_shared.data() + address, sizeof(v));
+  return v;
+}
 inline float max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
 inline float min_nan(float a, float b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
 inline float ex2(float x) { return exp2f(x); }

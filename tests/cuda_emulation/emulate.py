@@ -1,5 +1,6 @@
-"""kernels/cuda/long_pairs.cu, its headers and its host launchers, built for the CPU against the emulation in
-cuda_runtime.h beside this file, and called through ctypes: the CUDA source itself, run where there is no GPU.
+"""kernels/cuda/long_pairs.cu, search_s16.cu and search_soft.cu, their headers and their host launchers, built for the CPU
+against the emulation in cuda_runtime.h beside this file, and called through ctypes: the CUDA source itself,
+run where there is no GPU.
 
 The copy is rewritten only where a host compiler cannot take CUDA: the PTX of common.cuh and sources.cuh
 becomes emu:: calls, the kernel launches `kernel<<<grid, block, shared, stream>>>(args)` become
@@ -25,9 +26,12 @@ PTX = {
     'asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));': "r = emu::ex2(x);",
     'asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));': "r = emu::lg2(x);",
     'asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v[r]) : "r"(offs[r] + row[d]));': "v[r] = 0.0f;",
+    'asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address));': "v = emu::load_shared_u32(address);",
+    'asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(address));': "v = emu::load_shared_f32(address);",
+    "extern __shared__ float smem[];": "float* const smem = emu::dynamic_shared<float>();",
+    "extern __shared__ float4 kept_shared[];": "float4* const kept_shared = emu::dynamic_shared<float4>();",
+    "extern __shared__ unsigned shared_table[];": "unsigned* const shared_table = emu::dynamic_shared<unsigned>();",
 }
-DYNAMIC_SHARED = ("extern __shared__ float4 kept_shared[];",
-                  "float4* const kept_shared = emu::dynamic_shared<float4>();")
 
 
 def split_top_level(text: str) -> list[str]:
@@ -67,8 +71,9 @@ def rewrite_launches(source: str) -> str:
     return "".join(out) + source[pos:]
 
 
-def build(folder: Path) -> Path:
-    """The emulated long_pairs.cu as a shared library in folder."""
+def build(folder: Path, kernel: str = "long_pairs.cu", driver: str = "driver.cpp") -> Path:
+    """The emulated kernel file (kernels/cuda/<kernel>) with its C entry points (<driver> beside this file) as a
+    shared library in folder."""
     copy = folder / "src"
     copy.mkdir(parents=True, exist_ok=True)
     for path in KERNELS.iterdir():
@@ -78,12 +83,12 @@ def build(folder: Path) -> Path:
         for old, new in PTX.items():
             text = text.replace(old, new)
         if path.suffix == ".cu":
-            text = rewrite_launches(text.replace(*DYNAMIC_SHARED))
+            text = rewrite_launches(text)
         (copy / path.name).write_text(text)
-    library = folder / "emulated_long_pairs.so"
+    library = folder / f"emulated_{Path(kernel).stem}.so"
     compiler = os.environ.get("CXX", "g++")
     subprocess.run([compiler, "-std=c++17", "-O2", "-shared", "-fPIC", "-w", f"-I{HERE}", f"-I{copy}", "-x", "c++",
-                    str(copy / "long_pairs.cu"), str(HERE / "driver.cpp"), "-o", str(library)], check=True)
+                    str(copy / kernel), str(HERE / driver), "-o", str(library)], check=True)
     return library
 
 
@@ -136,3 +141,72 @@ class EmulatedLongPairs:
                                       p(flows), gap, t)
         assert error == 0
         return grad_S
+
+
+class EmulatedSearchS16:
+    """The exact 16-bit search kernel (sw_cuda_search_s16), emulated, on numpy arrays: one query's scores
+    against padded targets, -1 where 16 bits could not hold a pair, and the count of those."""
+
+    def __init__(self, library: Path):
+        lib = ctypes.CDLL(str(library))
+        lib.emu_search_s16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.emu_search_s16_boundary_pairs.restype = ctypes.c_int64
+        lib.emu_search_s16_boundary_pairs.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+        self.lib = lib
+
+    def scores(self, query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, table: np.ndarray, gap_open: int,
+               gap_extend: int, limit: int) -> tuple[np.ndarray, int]:
+        """(scores (B,) int32, overflows) of uint8 query (M,) against uint8 targets (B, N) with lengths (B,),
+        table (K, K + 1, K + 1) int32 (search.ExactSearch's)."""
+        query = np.ascontiguousarray(query, dtype=np.uint8)
+        targets = np.ascontiguousarray(targets, dtype=np.uint8)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        table = np.ascontiguousarray(table, dtype=np.int32)
+        (B, N), M, K = targets.shape, len(query), table.shape[0]
+        scores = np.full(B, -7, np.int32)  # never a score nor the flag: a pair left unwritten shows
+        overflows = np.zeros(1, np.int32)
+        pairs = self.lib.emu_search_s16_boundary_pairs(B, M, N, int(gap_open != gap_extend))
+        boundary = np.full(2 * max(pairs, 1), 0x7fff7fff, np.uint32) if pairs else None
+        p = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+        error = self.lib.emu_search_s16(p(query), M, p(targets), N, B, p(lengths), p(table), K, gap_open, gap_extend,
+                                        limit, p(scores), p(overflows), p(boundary))
+        assert error == 0
+        return scores, int(overflows[0])
+
+
+class EmulatedSearchSoft:
+    """The soft search kernel (sw_cuda_search_soft), emulated, on numpy arrays: one query's scores at t > 0
+    against padded targets, -1 where the kernel's checks did not hold, and the count of those."""
+
+    def __init__(self, library: Path):
+        lib = ctypes.CDLL(str(library))
+        lib.emu_search_soft.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                        ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                        ctypes.c_int, ctypes.c_float, ctypes.c_double, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_void_p]
+        lib.emu_search_soft_edge_bytes.restype = ctypes.c_int64
+        lib.emu_search_soft_edge_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+        self.lib = lib
+
+    def scores(self, query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, plan: dict) -> tuple[np.ndarray, int]:
+        """(scores (B,) float32, flagged) of uint8 query (M,) against uint8 targets (B, N) with lengths (B,),
+        with search.SoftSearch.plan's settings (its powers included)."""
+        query = np.ascontiguousarray(query, dtype=np.uint8)
+        targets = np.ascontiguousarray(targets, dtype=np.uint8)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        powers = np.ascontiguousarray(plan["powers"], dtype=np.float32)
+        (B, N), M, K = targets.shape, len(query), powers.shape[0]
+        scores = np.full(B, np.nan, np.float32)  # a pair left unwritten shows
+        flagged = np.zeros(1, np.int32)
+        edge_bytes = self.lib.emu_search_soft_edge_bytes(B, M, N, int(plan["affine"]))
+        boundary = np.full(max(edge_bytes, 1), 0xff, np.uint8) if edge_bytes else None
+        p = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+        error = self.lib.emu_search_soft(p(query), M, p(targets), N, B, N, p(lengths), p(powers), K, int(plan["affine"]),
+                                         plan["gap_factor"], plan["extend_factor"], plan["upper"], plan["middle"],
+                                         plan["lower"], plan["floor"], plan["bound"],
+                                         plan["temperature"] * 0.6931471805599453, p(scores), p(flagged), p(boundary))
+        assert error == 0
+        return scores, int(flagged[0])

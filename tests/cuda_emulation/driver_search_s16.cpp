@@ -1,0 +1,16 @@
+// The C entry points of the emulated exact search kernel (tests/cuda_emulation/emulate.py), over engine.h.
+#include "engine.h"
+
+extern "C" {
+// The boundary's (H, X) pairs a call needs, as ops.cpp allocates them: 0 where every target fits one tile.
+int64_t emu_search_s16_boundary_pairs(int64_t B, int64_t M, int64_t N, int affine) {
+  return N > sw_cuda_search_s16_columns(N, affine != 0) ? (B + 1) / 2 * M : 0;
+}
+int emu_search_s16(const uint8_t* query, int M, const uint8_t* target, int64_t N, int64_t B, const int64_t* tlen,
+                   const unsigned* table, int K, int gap_open, int gap_extend, int limit, int* scores, int* overflows,
+                   void* boundary) {
+  const SearchS16Call call{query, M, target, N, B, tlen, table, K, gap_open, gap_extend, limit, scores, boundary,
+                           overflows};
+  return sw_cuda_search_s16(call, nullptr);
+}
+}

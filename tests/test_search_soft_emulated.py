@@ -1,0 +1,139 @@
+"""kernels/cuda/search_soft.cu's own source, run on the CPU by the lockstep emulation of tests/cuda_emulation, against
+its NumPy model (swcli.testing.soft_search_model) and the float64 engine: every launch class and every warp's
+columns a lane (the same bits whatever they are), several tiles through the edge buffer, segments rescaled
+again and again, and flagged pairs. No GPU runs here, so this is where the kernel's choice of columns, its
+tiles and its scales meet the recurrence before the GPU suite (tests/test_cuda_search_soft.py) runs them for
+real. Its cells are float32 adds, multiplies and fused multiply-adds, which the CPU rounds as the GPU does;
+the emulation runs blocks one after another and says nothing of speed or of races between blocks."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from swcli.ops import soft_smith_waterman
+from swcli.scoring import load_matrix
+from swcli.search import SoftSearch
+from swcli.testing import random_protein, related_protein_pairs, soft_search_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_emulation"))
+from emulate import EmulatedSearchSoft, build  # noqa: E402
+
+BLOSUM62 = load_matrix("BLOSUM62")
+LINEAR = {"gap": -4.0, "gap_open": None, "gap_extend": None}
+AFFINE = {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}
+GAPS = pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory) -> EmulatedSearchSoft:
+    return EmulatedSearchSoft(build(tmp_path_factory.mktemp("emulated_search_soft"), "search_soft.cu",
+                                    "driver_search_soft.cpp"))
+
+
+def codes_of(sequences: list, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(targets (B, width) uint8, lengths (B,)) of protein strings or lists of codes, zero past each."""
+    coded = [s if isinstance(s, list) else list(BLOSUM62.encode(s, lambda: "t")) for s in sequences]
+    width = max(map(len, coded + [[0]])) if width is None else width
+    targets = np.zeros((len(coded), width), np.uint8)
+    for b, letters in enumerate(coded):
+        targets[b, :len(letters)] = letters
+    return targets, np.array([len(c) for c in coded], np.int64)
+
+
+def query_codes(query: str) -> np.ndarray:
+    return np.array(list(BLOSUM62.encode(query, lambda: "q")), np.uint8)
+
+
+@GAPS
+def test_the_kernel_is_its_model_and_float64(kernel, gaps):
+    """Related and random pairs, empty and one-letter targets: with the search's settings, and with a low
+    upper exponent that rescales every strong segment again and again; the same flags as the model (none),
+    scores within float32 rounding of it, and within 2e-6 of the float64 engine."""
+    pairs = related_protein_pairs(70, 6, 30, 90)
+    rng = random.Random(70)
+    query = pairs[0][0]
+    sequences = [t for _, t in pairs] + [query, "", "W"] + [random_protein(rng, rng.randint(1, 300)) for _ in range(9)]
+    targets, lengths = codes_of(sequences)
+    q = query_codes(query)
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
+    for settings in (plan, dict(plan, upper=30, middle=20, lower=4, floor=126)):
+        scores, flagged = kernel.scores(q, targets, lengths, settings)
+        expected, model_flags = soft_search_model(q.astype(np.int64), targets.astype(np.int64), lengths, settings)
+        assert flagged == int(model_flags.sum()) == 0
+        np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
+    dense = BLOSUM62.tensor().double()[torch.from_numpy(q).long()[None, :, None],
+                                       torch.from_numpy(targets).long()[:, None, :]]
+    reference = soft_smith_waterman(dense, gaps["gap"], 1.0, None, torch.from_numpy(lengths), backend="cpu",
+                                    gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
+    np.testing.assert_allclose(scores, reference.numpy(), rtol=2e-6, atol=2e-6)
+
+
+@GAPS
+def test_a_score_has_the_same_bits_whatever_its_warps_columns(kernel, gaps):
+    """Targets in a warp beside a longer one (every columns a lane of each launch class, and several tiles)
+    give the same floats as alone: the scales are per 8 columns of the target, whatever the tile."""
+    rng = random.Random(71)
+    pairs = related_protein_pairs(71, 6, 20, 50)
+    q = query_codes(pairs[0][0])
+    targets = [list(BLOSUM62.encode(t, lambda: "t")) for _, t in pairs]
+    assert max(map(len, targets)) <= 64
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
+
+    def scores(lanes: int, widest: int, neighbour: int) -> np.ndarray:
+        lengths = [widest] * (32 // lanes) + [neighbour] if neighbour else []
+        found, flagged = kernel.scores(q, *codes_of([[rng.randrange(20) for _ in range(n)] for n in lengths] + targets),
+                                       plan)
+        assert flagged == 0
+        return found[len(lengths):]
+
+    alone = scores(8, 0, 0)
+    for G, most in SoftSearch.SHAPES[gaps["gap"] is None]:
+        for columns in range(8, most + 1, 8):
+            np.testing.assert_array_equal(scores(G, G * most, G * columns), alone, err_msg=f"{G} x {columns}")
+    G, most = SoftSearch.SHAPES[gaps["gap"] is None][-1]
+    np.testing.assert_array_equal(scores(G, 3 * G * most + 5, 2 * G * most + 9), alone)  # several tiles
+
+
+@GAPS
+def test_several_tiles_match_the_model(kernel, gaps):
+    """Targets past the widest tile, a strong alignment across each tile edge: the edge buffer carries the
+    last column, its scale (and affine X~) to the next tile."""
+    rng = random.Random(72)
+    query = random_protein(rng, 60)
+    most = SoftSearch.SHAPES[gaps["gap"] is None][-1][1]
+    length = 3 * 32 * most + 5
+    sequences = []
+    for edge in range(32 * 8, length - 40, 32 * 8):  # every possible tile edge (multiples of 32 lanes x 8 columns)
+        target = list(BLOSUM62.encode(random_protein(rng, length), lambda: "t"))
+        motif = list(BLOSUM62.encode(query[:30] + random_protein(rng, 5) + query[30:], lambda: "t"))
+        target[edge - 32:edge - 32 + len(motif)] = motif
+        sequences.append(target)
+    targets, lengths = codes_of(sequences)
+    q = query_codes(query)
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
+    scores, flagged = kernel.scores(q, targets, lengths, plan)
+    expected, model_flags = soft_search_model(q.astype(np.int64), targets.astype(np.int64), lengths, plan)
+    assert flagged == int(model_flags.sum()) == 0 and (expected > 150).all()
+    np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_flagged_pairs_score_minus_one_and_are_counted(kernel):
+    """A floor of 2^0 with a low upper exponent flags the strong pairs (as the model says); a bound of
+    1e30 flags the weak pairs, not the empty target."""
+    query = related_protein_pairs(73, 1, 60, 60)[0][0]
+    targets, lengths = codes_of([query, query[10:50], "", "G", "WWW"], 60)
+    q = query_codes(query)
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **LINEAR)
+    strict = dict(plan, upper=30, middle=20, lower=4, floor=0)
+    loose = dict(plan, bound=1e30)
+    for settings in (strict, loose):
+        _, flags = soft_search_model(q.astype(np.int64), targets.astype(np.int64), lengths, settings)
+        scores, count = kernel.scores(q, targets, lengths, settings)
+        assert (scores < 0).tolist() == flags.tolist() and count == int(flags.sum()) > 0
+        assert scores[scores < 0].tolist() == [-1.0] * count and scores[2] == 0.0
