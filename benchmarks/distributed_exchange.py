@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from swcli import distributed  # noqa: E402
+from swcli import distributed, launch  # noqa: E402
 
 
 def main() -> None:
@@ -30,9 +30,9 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=100)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
-    group = distributed.start(mode="on")  # one rank too: its exchange is what is measured
-    if group is None:
+    if launch.find() is None:
         sys.exit("run it under torchrun: torchrun --standalone --nproc-per-node N benchmarks/distributed_exchange.py")
+    group = distributed.start(mode="on")  # one rank too: its exchange is what is measured
     device = torch.device("cuda") if args.device == "cuda" else torch.device("cpu")
     keys = torch.arange(args.top, dtype=torch.int64, device=device)
 

@@ -33,6 +33,8 @@ def swept_columns(lengths, start: int, stop: int, shapes, targets_per_group: int
     total = 0
     for first in range(start, stop, per_warp):
         widest = int(lengths[first])  # longest first
+        if widest == 0:
+            break  # the rest are empty: their warps take no tile
         if widest <= G * most:
             r = max(-(-widest // G), 8)
             width = -(-r // step) * step * G

@@ -124,8 +124,9 @@ DistributedOpt = Annotated[Distributed, typer.Option(
     "--distributed", help="Under torchrun (torchrun --nproc-per-node N -m swcli ...): share the run among its "
                           "processes. auto: where torchrun's RANK, WORLD_SIZE and LOCAL_RANK were set for this "
                           "process, not inherited from its parent (a command that a torchrun worker starts runs "
-                          "as one process, and says so); on: wherever they are set (a launcher that wraps the "
-                          "command in a script); off: always one process.")]
+                          "as one process, and says so), and WORLD_SIZE is over 1 (one rank runs as one process); "
+                          "on: wherever they are set (a launcher that wraps the command in a script; a group of "
+                          "one too); off: always one process.")]
 
 
 class Rank(str, Enum):

@@ -417,7 +417,8 @@ _group: Group | None = None
 def start(inputs: Iterable[str | None] = (), mode: str = "auto", quiet: bool = False) -> Group | None:
     """The process group of torchrun's ranks, joined once per process and left at its exit, or None: one
     process. mode is --distributed: auto joins where torchrun's variables were set for this process
-    (launch.py; inherited ones are said on stderr unless quiet), on wherever they are set, off never.
+    (launch.py; inherited ones are said on stderr unless quiet) for more than one rank, on wherever they
+    are set (one rank included), off never.
     inputs: the command's input paths, which may not be stdin."""
     global _group
     if mode == "off":

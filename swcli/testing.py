@@ -482,9 +482,10 @@ def search_block_lengths(width: int, around: list[int], seed: int, count: int = 
 
 
 def warp_width_lengths(lanes: int, most: int, seed: int) -> list[int]:
-    """A block's target lengths, longest first, with one warp (32 / lanes groups of two targets) for each
-    columns a lane an exact search kernel's warp may take, 8 to `most` by 2: its widest exactly lanes x R
-    or one past lanes x (R - 2) (which rounds up to R), the others shorter. The first sets the launch class."""
+    """A block's target lengths, one warp (32 / lanes groups of two targets) for each columns a lane an
+    exact search kernel's warp may take, 8 to `most` by 2, each warp's longest first: its widest exactly
+    lanes x R or one past lanes x (R - 2) (which rounds up to R), the others shorter. The first sets the
+    launch class."""
     rng = random.Random(seed)
     per_warp = 2 * (32 // lanes)
     lengths = []

@@ -142,6 +142,9 @@ class EmulatedLongPairs:
         assert error == 0
         return grad_S
 
+# 32-bit words past a search kernel's edge buffer, which a kernel must leave as they are.
+CANARY = 64
+
 
 class EmulatedSearchS16:
     """The exact 16-bit search kernel (sw_cuda_search_s16), emulated, on numpy arrays: one query's scores
@@ -168,11 +171,12 @@ class EmulatedSearchS16:
         scores = np.full(B, -7, np.int32)  # never a score nor the flag: a pair left unwritten shows
         overflows = np.zeros(1, np.int32)
         pairs = self.lib.emu_search_s16_boundary_pairs(B, M, N, int(gap_open != gap_extend))
-        boundary = np.full(2 * max(pairs, 1), 0x7fff7fff, np.uint32) if pairs else None
+        boundary = np.full(2 * pairs + CANARY, 0x7fff7fff, np.uint32) if pairs else None
         p = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
         error = self.lib.emu_search_s16(p(query), M, p(targets), N, B, p(lengths), p(table), K, gap_open, gap_extend,
                                         limit, p(scores), p(overflows), p(boundary))
         assert error == 0
+        assert boundary is None or (boundary[2 * pairs:] == 0x7fff7fff).all(), "a write past the edge buffer"
         return scores, int(overflows[0])
 
 
@@ -202,11 +206,12 @@ class EmulatedSearchSoft:
         scores = np.full(B, np.nan, np.float32)  # a pair left unwritten shows
         flagged = np.zeros(1, np.int32)
         edge_bytes = self.lib.emu_search_soft_edge_bytes(B, M, N, int(plan["affine"]))
-        boundary = np.full(max(edge_bytes, 1), 0xff, np.uint8) if edge_bytes else None
+        boundary = np.full(edge_bytes + 4 * CANARY, 0xff, np.uint8) if edge_bytes else None
         p = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
         error = self.lib.emu_search_soft(p(query), M, p(targets), N, B, N, p(lengths), p(powers), K, int(plan["affine"]),
                                          plan["gap_factor"], plan["extend_factor"], plan["upper"], plan["middle"],
                                          plan["lower"], plan["floor"], plan["bound"],
                                          plan["temperature"] * 0.6931471805599453, p(scores), p(flagged), p(boundary))
         assert error == 0
+        assert boundary is None or (boundary[edge_bytes:] == 0xff).all(), "a write past the edge buffer"
         return scores, int(flagged[0])
