@@ -88,6 +88,10 @@ UnknownOpt = Annotated[Optional[str], typer.Option(
     "--unknown-as", help="Score letters the matrix lacks as this letter (e.g. X) instead of failing.",
     show_default=False)]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+StatsOpt = Annotated[bool, typer.Option(
+    "--stats", help="Once the output is in place, say on stderr what the run did: its cells (query x target "
+                    "residues), its time from reading the inputs to the output written (start-up excluded), "
+                    "the GCUPS, and the scoring calls' time.")]
 OutputOpt = Annotated[Optional[str], typer.Option(
     "--output", "-o", help="Write the TSV here: a file is replaced atomically once the output is complete (its "
                            "mode kept; nothing changes on failure or Ctrl-C); a symlink is written through, a "
@@ -339,6 +343,7 @@ def align(
     alpha: AlphaOpt = None,
     beta: BetaOpt = None,
     distributed_: DistributedOpt = Distributed.auto,
+    stats_: StatsOpt = False,
 ):
     """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order), or the
     --format-output columns."""
@@ -381,6 +386,9 @@ def align(
             distributed.align_rows(group, chunks, settings, rows_of, writer, stats, on_chunk)
             if measure is not None:
                 bar.update(measure.total - bar.n)  # the files are read to their end
+        if stats_ and distributed.is_leader(group):
+            typer.echo(f"swcli: {stats.pairs:,} pairs: {_work(stats.cells, stats.seconds)}; scoring calls "
+                       f"{stats.kernel_seconds:.3f} s{_ranks(group)}", err=True)
     except BrokenPipeError:
         # The reader went away (swcli align ... | head): stop quietly, with the shell's SIGPIPE status.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -452,6 +460,7 @@ def search(
                        "at a lower score. evalue needs lambda and K (estimated once per setting, or --lambda "
                        "and --k).")] = Rank.score,
     distributed_: DistributedOpt = Distributed.auto,
+    stats_: StatsOpt = False,
 ):
     """Search every query against every database sequence; write the best --top hits of each query as TSV:
     query, target, qlen, tlen, score (queries in input order, hits by descending score, or by ascending
@@ -474,12 +483,27 @@ def search(
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
     run = run_search if group is None else partial(distributed.run_search, group)
     try:
-        run(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
-            progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter,
-            rank=statistics if rank is Rank.evalue else None)
+        done = run(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
+                   progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter,
+                   rank=statistics if rank is Rank.evalue else None)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(141) from None
+    if stats_ and distributed.is_leader(group):
+        query_residues = done.cells // max(done.residues, 1)
+        typer.echo(f"swcli: {done.queries:,} queries ({query_residues:,} residues) x {done.sequences:,} sequences "
+                   f"({done.residues:,} residues): {_work(done.cells, done.seconds)}; scoring calls "
+                   f"{done.kernel_seconds:.3f} s ({done.kernel}){_ranks(group)}", err=True)
+
+
+def _work(cells: int, seconds: float) -> str:
+    """A run's cells, its time and its GCUPS, for --stats."""
+    return f"{cells:,} cells in {seconds:.3f} s, {cells / max(seconds, 1e-9) / 1e9:,.2f} GCUPS"
+
+
+def _ranks(group) -> str:
+    """What --stats adds for a run of several ranks: the scoring calls above are rank 0's, on its share."""
+    return "" if group is None else f"; {group.size} ranks, the scoring calls rank 0's, on its share"
 
 
 @app.command()

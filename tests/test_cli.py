@@ -44,6 +44,29 @@ def test_example_data(capsys):
     assert all(float(r[4]) > 0 for r in rows[1:])
 
 
+def test_stats_say_the_runs_work_once_the_output_is_in_place(pair_files, tmp_path, capsys):
+    """--stats: one line on stderr, after the output file is complete, with the cells counted exactly
+    (search: every query against every database residue; align: each pair's qlen x tlen)."""
+    import re
+
+    pairs, queries, targets = pair_files
+    for command, line in (
+            (["search", queries, targets, "--backend", "cpu", "-t", "0"],
+             rf"swcli: {len(pairs)} queries \({sum(len(q) for q, _ in pairs):,} residues\) x {len(pairs)} sequences "
+             rf"\({sum(len(t) for _, t in pairs):,} residues\): "
+             rf"{sum(len(q) for q, _ in pairs) * sum(len(t) for _, t in pairs):,} cells in [\d.]+ s, [\d,.]+ GCUPS; "
+             r"scoring calls [\d.]+ s \(the op's sweep from codes\)"),
+            (["align", queries, targets, "--backend", "cpu", "-q"],
+             rf"swcli: {len(pairs)} pairs: {sum(len(q) * len(t) for q, t in pairs):,} cells in [\d.]+ s, "
+             r"[\d,.]+ GCUPS; scoring calls [\d.]+ s")):
+        out_file = tmp_path / f"{command[0]}.tsv"
+        code, out, err = run([*command, "-o", str(out_file), "--stats"], capsys)
+        assert code == 0 and out == "" and re.fullmatch(line + "\n", err), err
+        assert len(read_tsv(out_file.read_text())) == len(pairs) * (10 if command[0] == "search" else 1) + 1  # top 10
+        code, _, err = run([*command, "-o", str(out_file)], capsys)
+        assert code == 0 and "cells" not in err  # said only when asked
+
+
 @pytest.mark.parametrize("gap, matrix", [(-4.0, "BLOSUM62"), (-1.0, "BLOSUM62"), (-2.0, "BLOSUM45")])
 def test_temperature_zero_equals_biopython(pair_files, capsys, gap, matrix):
     from Bio.Align import substitution_matrices

@@ -409,6 +409,9 @@ def commands(paths, folder):
         ("search_fails_on_rank_1_at_the_end", ["search", p["q"], p["db"], "-t", "1", "-o", out("kept6.tsv"), *cpu],
          {"SWCLI_FAIL_AT": "1:closing"}),
         ("search_disk_full", ["search", p["q"], p["db"], "-t", "1", "-o", "/dev/full", *cpu], {}),
+        ("search_stats", ["search", p["q"], p["db"], "-t", "0", "--stats", "-o", out("stats.tsv"), *cpu], {}),
+        ("align_stats", ["align", p["pq"], p["pt"], "--chunk-size", "3", "--stats", "-q", "-o", out("stats2.tsv"),
+                         *cpu], {}),
     ]
 
 
@@ -460,6 +463,25 @@ def test_two_ranks_write_what_one_process_writes(ranks, files, capsys, tmp_path,
     else:
         assert first["stdout"].encode("latin-1") == out.encode() and out.count("\n") > 3
     assert first["stderr"] == err and second["stderr"] == second["stdout"] == ""  # rank 0 speaks alone
+
+
+@pytest.mark.parametrize("name", ["search_stats", "align_stats"])
+def test_stats_are_rank_0s_and_count_every_ranks_work(ranks, files, capsys, tmp_path, name):
+    """--stats: rank 0 says the whole run's work (the same counts as one process) and that its scoring
+    calls are its own share; rank 1 says nothing."""
+    import re
+
+    folder, paths = files
+    argv = {n: argv for n, argv, _ in commands(paths, folder)}[name]
+    at = argv.index("-o") + 1
+    code, _, err = one_process([*argv[:at], str(tmp_path / "one.tsv"), *argv[at + 1:]], capsys)
+    first, second = ranks[name]
+    assert code == first["code"] == second["code"] == 0 and second["stderr"] == ""
+    number = r"[\d,.]+"
+    alone = re.sub(f"in {number} s, {number} GCUPS; scoring calls {number} s", "TIMES", err)
+    together = re.sub(f"in {number} s, {number} GCUPS; scoring calls {number} s", "TIMES", first["stderr"])
+    assert together == alone.rstrip("\n") + "; 2 ranks, the scoring calls rank 0's, on its share\n"
+    assert "TIMES" in alone and alone.startswith("swcli: ")
 
 
 @pytest.mark.parametrize("name, rank, message", [
