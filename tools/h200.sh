@@ -38,6 +38,11 @@
 #                DIST_QUERY_COPIES (20) times, against make-db's 100,000 sequences prepared by makedb;
 #                DIST_REPEATS (3) runs each after a warm-up; then the exchange per query alone through
 #                NCCL (benchmarks/distributed_exchange.py); about 5 minutes with make-db
+#     dist-scale swcli search on every GPU of the machine (torchrun, one rank a GPU) against one process, and
+#                CUDASW++4.0 on the same GPUs (benchmarks/distributed_scaling.py; record in $OUT/scaling): CUDASW4's
+#                20 queries (SCALE_QUERY_COPIES times, default 1) against make-db's 800 copies (200,000
+#                sequences, about 100 M residues), t = 0 and 1, gap -4, SCALE_REPEATS (3) runs each; for the
+#                nvidia-h200-x2 machine; about 6 minutes with make-db and CUDASW4's build
 # Needs the biopython wheel in .whl/ and .bench/proteins.fasta (250 real proteins) in the tree; search, details and
 # dist-overhead also need .peer/ (the peers folder: peer-cudasw4, cudasw4/, zlib1g-dev.deb) with make-db in .peer/tools/.
 set -o pipefail
@@ -279,6 +284,12 @@ rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), ${E2E_PAIRS:-1000000}
         | tee "$OUT/dist_overhead.txt" | tail -12
       python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/distributed_exchange.py --device cuda \
         2>&1 | tee -a "$OUT/dist_overhead.txt" | tail -1 ;;
+    dist-scale)
+      [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }
+      [ -f /tmp/search_db800.fasta ] || python3 .peer/tools/make-db /tmp/search_db800.fasta 800 || exit 1
+      timeout 580 python3 benchmarks/distributed_scaling.py .peer/cudasw4/allqueries.fasta /tmp/search_db800.fasta \
+        "$OUT/scaling" --ranks "$(nvidia-smi -L | wc -l)" --repeats ${SCALE_REPEATS:-3} \
+        --query-copies ${SCALE_QUERY_COPIES:-1} --work /tmp/dist_scaling 2>&1 | tee "$OUT/dist_scaling.txt" | tail -16 ;;
     *)
       echo "unknown stage $stage; see the stages at the top of $0" >&2; exit 2 ;;
   esac
