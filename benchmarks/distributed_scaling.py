@@ -82,8 +82,9 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     folder = work / "db.swcli"
     queries = copied_fasta(args.queries, args.query_copies, work / "queries.fasta")
-    record = {"queries": args.queries, "query_copies": args.query_copies, "database": args.database, "ranks": args.ranks, "gap": args.gap,
-              "top": args.top, "backend": args.backend, "repeats": args.repeats, "makedb": makedb(args.database, folder)}
+    record = {"queries": args.queries, "query_copies": args.query_copies, "database": args.database,
+              "ranks": args.ranks, "gap": args.gap, "top": args.top, "backend": args.backend, "repeats": args.repeats,
+              "makedb": makedb(args.database, folder)}
     print(f"makedb: {record['makedb']['message']}", flush=True)
     common = ["-m", "swcli", "search", queries, str(folder), "--gap", f"{args.gap:g}", "--top", str(args.top),
               "--backend", args.backend, "-q", "--stats"]
@@ -138,7 +139,8 @@ def main(argv=None) -> int:
               f"{r['search_seconds']:.3f} s | {r['search_speedup']:.2f} | {r['search_gcups']:,.1f} |")
     peer = record.get("cudasw4")
     if peer is not None:
-        print(f"| 0 | CUDASW++4.0, its makedb | - | - | {peer.get('total_seconds')} s | - | {peer.get('total_gcups')} |")
+        print(f"| 0 | CUDASW++4.0, its makedb | - | - | {peer.get('total_seconds')} s | - | "
+              f"{peer.get('total_gcups')} |")
         if "top_scores" in record:
             mismatched = len(record["top_scores"]["mismatches"])
             print(f"\ntop-{args.top} scores at t = 0 against CUDASW++4.0: "

@@ -25,9 +25,10 @@ import torch
 
 def swept_columns(lengths, start: int, stop: int, shapes, targets_per_group: int, step: int) -> int:
     """Columns a search kernel sweeps for a block: the launch's lanes a group G by the block's widest target
-    (its first), then each warp (32 / G groups of targets_per_group targets) the columns a lane, from 8 by
-    `step`, that hold its widest target up to the class's R; past it, the tiles of 16 or more columns a
-    lane that pad the fewest columns (lane_columns in search_s16.cu, soft_lane_columns in search_soft.cu)."""
+    (its first), then each warp (32 / G groups of targets_per_group targets) its tiles of warp_columns
+    columns a lane."""
+    from swcli.search import warp_columns
+
     G, most = next(((g, r) for g, r in shapes if int(lengths[start]) <= g * r), shapes[-1])
     per_warp = targets_per_group * (32 // G)
     total = 0
@@ -35,12 +36,8 @@ def swept_columns(lengths, start: int, stop: int, shapes, targets_per_group: int
         widest = int(lengths[first])  # longest first
         if widest == 0:
             break  # the rest are empty: their warps take no tile
-        if widest <= G * most:
-            r = max(-(-widest // G), 8)
-            width = -(-r // step) * step * G
-        else:
-            width = min(math.ceil(widest / (G * r)) * G * r for r in range(most, 15, -step))
-        total += min(per_warp, stop - first) * width
+        tile = G * warp_columns(G, widest, most, step)
+        total += min(per_warp, stop - first) * math.ceil(widest / tile) * tile
     return total
 
 

@@ -4,8 +4,8 @@ The database's sequences are cut, in their length order, into blocks of at most 
 cells per query residue (for the exact search kernel also at its tile widths: block_bounds). The blocks
 are padded on the device from the sequences' flat codes (the host copies residues, never padding), once
 while they fit `max_bytes`, else again for each query (the same result, streamed). Each query is scored
-against each block through the codes operator, and only the
-best k of each block leave it, so no (queries x database) score matrix ever exists.
+against each block through the codes operator, and only the best k of each block leave it, so no
+(queries x database) score matrix ever exists.
 
 Ties are broken by database order. Each score is packed with its sequence's database order into one
 int64 key that orders by score, then by earlier sequence (`score_keys`), so torch.topk on keys picks
@@ -176,6 +176,16 @@ class TileClasses:
     def fill(self, width: int) -> int:
         lanes = next((g for g, r in self.shapes if width <= g * r), self.shapes[-1][0])
         return int(self.waves * self.sms * self.threads_per_sm // lanes * self.targets_per_group)
+
+
+def warp_columns(lanes: int, widest: int, most: int, step: int) -> int:
+    """The search kernels' columns a lane for a warp of groups of `lanes` lanes whose widest target is
+    `widest` (warp_columns in kernels/cuda/common.cuh, which this mirrors for the benchmarks and tests): the
+    narrowest tile that holds it, from 8 up to `most` by `step`; past the widest tile, the tiles of 16 or
+    more columns a lane that pad the fewest columns, ties to the most."""
+    if widest <= lanes * most:
+        return -(-max(-(-widest // lanes), 8) // step) * step
+    return min(range(most, 15, -step), key=lambda r: (-(-widest // (lanes * r)) * lanes * r, -r))
 
 
 def _sms(device) -> int:

@@ -17,7 +17,7 @@ import torch
 
 from swcli.ops import soft_smith_waterman_codes
 from swcli.scoring import load_matrix
-from swcli.search import ExactSearch
+from swcli.search import ExactSearch, warp_columns
 from swcli.testing import padded_code_targets, warp_width_lengths
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_emulation"))
@@ -58,6 +58,16 @@ def check(kernel, rng: torch.Generator, lengths: list[int], gaps, queries=(1, 40
                                       err_msg=f"M = {M}")
 
 
+def test_the_python_mirror_of_warp_columns_is_the_kernels(kernel):
+    """swcli.search.warp_columns (the benchmarks' and these tests' model of the kernels' choice) gives what
+    common.cuh's gives, for both kernels' limits and steps, single tiles and several."""
+    for lanes in (8, 16, 32):
+        for most, step in ((32, 2), (28, 2), (32, 8), (24, 8)):
+            for widest in [*range(0, 3 * lanes * most, 7), lanes * most, lanes * most + 1, 20_000]:
+                assert warp_columns(lanes, widest, most, step) == kernel.warp_columns(lanes, widest, most, step), (
+                    lanes, widest, most, step)
+
+
 @pytest.mark.parametrize("gaps", GAPS, ids=str)
 @pytest.mark.parametrize("lanes", [8, 16, 32])
 def test_every_warp_width_of_every_class(kernel, gaps, lanes):
@@ -95,7 +105,8 @@ def test_scores_past_int16_are_flagged(kernel):
     query = torch.randint(0, 20, (40,), generator=rng, dtype=torch.uint8)
     others = torch.randint(0, 20, (2, 40), generator=rng, dtype=torch.uint8)
     targets = torch.zeros((5, 40), dtype=torch.uint8)
-    targets[0], targets[1], targets[2, :20], targets[3, :33], targets[4] = query, others[0], query[:20], query[5:38], others[1]
+    targets[0], targets[1], targets[4] = query, others[0], others[1]
+    targets[2, :20], targets[3, :33] = query[:20], query[5:38]
     lengths = torch.tensor([40, 40, 20, 33, 40])
     exact = ExactSearch(S, -4, -4)
     scores, overflows = kernel.scores(query.numpy(), targets.numpy(), lengths.numpy(), exact.table.numpy(),
@@ -103,12 +114,6 @@ def test_scores_past_int16_are_flagged(kernel):
     expected = expected_scores(query, targets, lengths, S, (-4, -4))
     assert overflows == 2 and scores[0] == -1 and scores[3] == -1 and expected[[0, 3]].tolist() == [40_000, 33_000]
     np.testing.assert_array_equal(scores[[1, 2, 4]].astype(np.float32), expected[[1, 2, 4]])
-
-
-def several_tiles_columns(widest: int, most: int) -> int:
-    """The columns a lane of a 32-lane warp whose widest target is past its widest tile: the tiles that pad
-    the fewest columns, from 16 columns a lane, ties to the most (lane_columns in search_s16.cu)."""
-    return min(range(most, 15, -2), key=lambda r: (-(-widest // (32 * r)) * 32 * r, -r))
 
 
 @pytest.mark.parametrize("gaps", GAPS, ids=str)
@@ -121,7 +126,7 @@ def test_alignments_with_gaps_across_lane_and_tile_edges(kernel, gaps):
     query = [rng.randrange(20) for _ in range(60)]
     most = ExactSearch.SHAPES[gaps[0] != gaps[1]][-1][1]
     length = 3 * 32 * most + 5
-    R = several_tiles_columns(length, most)
+    R = warp_columns(32, length, most, 2)
     edges = [2 * R, 7 * R, 32 * R, 2 * 32 * R]  # lanes 1|2 and 6|7 of the first tile, the first and second tiles' ends
     sequences = []
     for edge in edges:

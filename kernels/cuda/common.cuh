@@ -153,6 +153,24 @@ struct Pair {
   bool transposed = false;  // codes only: rows from the target, columns from the query (see oriented)
 };
 
+// The search kernels' columns a lane for a warp of groups of G lanes whose widest target is `widest`
+// (search_s16.cu, search_soft.cu; swcli.search.warp_columns mirrors it): the narrowest tile that holds it,
+// from 8 columns a lane up to `most` by `step`, so that its targets pay at most `step` columns a lane of
+// padding; past the widest tile, the tiles of 16 or more columns a lane that pad the fewest columns (a
+// narrower tile would repeat the step's fixed cost and the wavefront's ramp too often; ties: the most).
+__device__ __forceinline__ int warp_columns(int G, int widest, int most, int step) {
+  if (widest <= G * most) {
+    const int r = max((widest + G - 1) / G, 8);
+    return (r + step - 1) / step * step;
+  }
+  int chosen = most, fewest = 0;
+  for (int r = most; r >= 16; r -= step) {
+    const int padded = (widest + G * r - 1) / (G * r) * (G * r);
+    if (r == most || padded < fewest) chosen = r, fewest = padded;
+  }
+  return chosen;
+}
+
 // Wavefront steps of one warp over a pair of `rows` x `cols` in tiles of 32 R columns: each tile takes
 // its rows plus its lanes less one, and a step costs the same whether its lanes hold 1 column or R.
 __device__ __forceinline__ int64_t sweep_steps(int64_t rows, int64_t cols, int R) {

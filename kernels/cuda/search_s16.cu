@@ -9,7 +9,7 @@
 // than a tile (G R columns) is swept tile after tile by the same group, the tile's right edge (H and the
 // gap moving along the target, per row) going to the next tile through a buffer in global memory that
 // the next tile reads a row before it is written again (in place, as InPlace in sources.cuh). A launch
-// takes G from its widest target, and each warp R from its own (lane_columns), so that a target pays a
+// takes G from its widest target, and each warp R from its own (warp_columns), so that a target pays a
 // couple of columns a lane of padding rather than its block's widest tile.
 //
 // The substitution scores come from a table in shared memory indexed by the query letter and both
@@ -73,6 +73,7 @@ struct GroupSweep {
 // The group sweeps `tiles` tiles of G R columns and returns the lane's best cells (both halves).
 template <int G, int R, bool AFFINE>
 __device__ __forceinline__ unsigned sweep(const GroupSweep& w, int tiles) {
+  static_assert(R % 2 == 0, "columns in pairs: the best cell takes two a step");
   const int g = w.g, M = w.M, K = w.K, KP = K + 1;
   const unsigned o2 = w.o2, e2 = w.e2;
   uint2* const edge = w.edge;
@@ -130,8 +131,7 @@ __device__ __forceinline__ unsigned sweep(const GroupSweep& w, int tiles) {
           H[r] = h;
         }
 #pragma unroll
-        for (int r = 0; r + 1 < R; r += 2) best = max3_relu(best, H[r], H[r + 1]);
-        if (R % 2) best = __vmaxs2(best, H[R - 1]);
+        for (int r = 0; r < R; r += 2) best = max3_relu(best, H[r], H[r + 1]);
         last_h = H[R - 1];
         last_x = AFFINE ? x : 0u;
         if (writes_edge) edge[i] = make_uint2(last_h, last_x);
@@ -143,31 +143,13 @@ __device__ __forceinline__ unsigned sweep(const GroupSweep& w, int tiles) {
   return best;
 }
 
-// Columns a lane: a warp takes the narrowest tile of its G lanes that holds its widest target, so that
-// its targets pay at most kColumnStep columns a lane of padding; a warp whose widest target is past the
-// widest tile, the tile that pads the fewest columns (from kMinSeveralColumns: a narrow tile would
-// repeat the step's fixed cost and the wavefront's ramp too often; ties: the most columns a lane). With
-// affine gaps a lane holds at most 28 columns: past that, H, Y and the table offsets no longer fit in
-// the registers of two blocks an SM, and the step reloads spilled values.
-inline constexpr int kMinColumns = 8, kColumnStep = 2, kMinSeveralColumns = 16;
+// Columns a lane, by warp (warp_columns in common.cuh): 8 to 32 by 2. With affine gaps a lane holds at
+// most 28 columns: past that, H, Y and the table offsets no longer fit in the registers of two blocks an
+// SM, and the step reloads spilled values.
+inline constexpr int kMinColumns = 8, kColumnStep = 2;
 
 template <bool AFFINE>
 inline constexpr int kMaxColumns = AFFINE ? 28 : 32;
-
-template <bool AFFINE>
-__device__ __forceinline__ int lane_columns(int G, int widest) {
-  constexpr int most = kMaxColumns<AFFINE>;
-  if (widest <= G * most) {
-    const int r = max((widest + G - 1) / G, kMinColumns);
-    return (r + kColumnStep - 1) / kColumnStep * kColumnStep;
-  }
-  int chosen = most, fewest = 0;
-  for (int r = most; r >= kMinSeveralColumns; r -= kColumnStep) {
-    const int padded = (widest + G * r - 1) / (G * r) * (G * r);
-    if (r == most || padded < fewest) chosen = r, fewest = padded;
-  }
-  return chosen;
-}
 
 // sweep<G, R> for the warp's R (warp-uniform: no divergence).
 template <int G, bool AFFINE, int R = kMinColumns>
@@ -206,7 +188,7 @@ __global__ void __launch_bounds__(kSearchThreads, 2)
   w.edge = boundary ? boundary + group * int64_t(M) : nullptr;
   w.g = g;
   const int widest = __reduce_max_sync(kFull, max(w.la, w.lb));
-  const int columns = lane_columns<AFFINE>(G, widest);
+  const int columns = warp_columns(G, widest, kMaxColumns<AFFINE>, kColumnStep);
   const int tiles = (widest + G * columns - 1) / (G * columns);  // 0 where every target is empty
   unsigned best = sweep_columns<G, AFFINE>(columns, w, tiles);
 #pragma unroll
@@ -239,7 +221,7 @@ cudaError_t launch_search(const SearchS16Call& call, cudaStream_t stream) {
 // and loop cost as much as several columns, so lanes hold many columns, and narrower groups take shorter
 // targets (more targets in flight, a shorter wavefront ramp), as in CUDASW++4.0's partitions. A launch
 // takes the narrowest class that holds its widest target in one tile; each warp then takes the columns
-// a lane that fit its own targets (lane_columns), so a launch may span classes at little cost in padding.
+// a lane that fit its own targets (warp_columns), so a launch may span classes at little cost in padding.
 struct TileShape {
   int G, R;
 };

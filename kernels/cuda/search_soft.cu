@@ -323,23 +323,9 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
   }
 }
 
-// Columns a lane (whole segments): a warp takes the narrowest tile of its G lanes that holds its widest
-// target, so that its targets pay at most a segment a lane of padding; a warp whose widest target is past
-// the widest tile, the tile of 16 or more columns a lane that pads the fewest columns (ties: the most).
+// Columns a lane, by warp (warp_columns in common.cuh): whole segments, 8 to 32.
 template <bool AFFINE>
 inline constexpr int kMostColumns = AFFINE ? 24 : 32;  // the affine cell holds Y~ too: 32 would spill
-
-template <bool AFFINE>
-__device__ __forceinline__ int soft_lane_columns(int G, int widest) {
-  constexpr int most = kMostColumns<AFFINE>;
-  if (widest <= G * most) return max((widest + G * kSegment - 1) / (G * kSegment), 1) * kSegment;
-  int chosen = most, fewest = 0;
-  for (int r = most; r >= 2 * kSegment; r -= kSegment) {
-    const int padded = (widest + G * r - 1) / (G * r) * (G * r);
-    if (r == most || padded < fewest) chosen = r, fewest = padded;
-  }
-  return chosen;
-}
 
 // soft_sweep<G, R> for the warp's R (warp-uniform: no divergence).
 template <int G, bool AFFINE, int R = kSegment>
@@ -380,7 +366,7 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
   w.ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
   const int widest = __reduce_max_sync(kFull, unsigned(w.len));
-  const int columns = soft_lane_columns<AFFINE>(G, widest);
+  const int columns = warp_columns(G, widest, kMostColumns<AFFINE>, kSegment);
   const int tiles = (widest + G * columns - 1) / (G * columns);  // 0 where every target is empty
   long long best_key = scaled_key(0, 1.0f);  // the zero border, E = 1
   bool failed = false;
@@ -405,7 +391,7 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
 // The launch classes (lanes per group, and the widest tile of its lanes), as the exact kernel's: a step's
 // shuffles, its conversion and its loop cost as much as a few columns, so lanes hold many, and narrower
 // groups take shorter targets. A call takes the narrowest class that holds its width (its widest target)
-// in one tile; each warp then takes the columns a lane that fit its own targets (soft_lane_columns).
+// in one tile; each warp then takes the columns a lane that fit its own targets (warp_columns).
 struct TileShape {
   int G, R;
 };

@@ -1,7 +1,10 @@
 // The C entry points of the emulated exact search kernel (tests/cuda_emulation/emulate.py), over engine.h.
+#include "common.cuh"
 #include "engine.h"
 
 extern "C" {
+// The search kernels' columns a lane for a warp (common.cuh), which swcli.search.warp_columns mirrors.
+int emu_warp_columns(int G, int widest, int most, int step) { return swcli_cuda::warp_columns(G, widest, most, step); }
 // The boundary's (H, X) pairs a call needs, as ops.cpp allocates them: 0 where every target fits one tile.
 int64_t emu_search_s16_boundary_pairs(int64_t B, int64_t M, int64_t N, int affine) {
   return N > sw_cuda_search_s16_columns(N, affine != 0) ? (B + 1) / 2 * M : 0;

@@ -1,9 +1,9 @@
-"""kernels/cuda/long_pairs.cu, search_s16.cu and search_soft.cu, their headers and their host launchers, built for the CPU
-against the emulation in cuda_runtime.h beside this file, and called through ctypes: the CUDA source itself,
-run where there is no GPU.
+"""kernels/cuda/long_pairs.cu, search_s16.cu and search_soft.cu, their headers and their host launchers, built
+for the CPU against the emulation in cuda_runtime.h beside this file, and called through ctypes: the CUDA
+source itself, run where there is no GPU.
 
-The copy is rewritten only where a host compiler cannot take CUDA: the PTX of common.cuh and sources.cuh
-becomes emu:: calls, the kernel launches `kernel<<<grid, block, shared, stream>>>(args)` become
+The copy is rewritten only where a host compiler cannot take CUDA: the PTX of common.cuh, sources.cuh and
+the search kernels becomes emu:: calls, the kernel launches `kernel<<<grid, block, shared, stream>>>(args)` become
 `emu::launch(grid, block, shared, [&] { kernel(args); })`, and the dynamic shared memory a pointer into the
 emulated block's. Everything else compiles as written.
 """
@@ -155,9 +155,14 @@ class EmulatedSearchS16:
         lib.emu_search_s16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.emu_warp_columns.argtypes = [ctypes.c_int] * 4
         lib.emu_search_s16_boundary_pairs.restype = ctypes.c_int64
         lib.emu_search_s16_boundary_pairs.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         self.lib = lib
+
+    def warp_columns(self, lanes: int, widest: int, most: int, step: int) -> int:
+        """common.cuh's warp_columns, as both search kernels take it."""
+        return self.lib.emu_warp_columns(lanes, widest, most, step)
 
     def scores(self, query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, table: np.ndarray, gap_open: int,
                gap_extend: int, limit: int) -> tuple[np.ndarray, int]:
@@ -208,8 +213,8 @@ class EmulatedSearchSoft:
         edge_bytes = self.lib.emu_search_soft_edge_bytes(B, M, N, int(plan["affine"]))
         boundary = np.full(edge_bytes + 4 * CANARY, 0xff, np.uint8) if edge_bytes else None
         p = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-        error = self.lib.emu_search_soft(p(query), M, p(targets), N, B, N, p(lengths), p(powers), K, int(plan["affine"]),
-                                         plan["gap_factor"], plan["extend_factor"], plan["upper"], plan["middle"],
+        error = self.lib.emu_search_soft(p(query), M, p(targets), N, B, N, p(lengths), p(powers), K,
+                                         int(plan["affine"]), plan["gap_factor"], plan["extend_factor"], plan["upper"], plan["middle"],
                                          plan["lower"], plan["floor"], plan["bound"],
                                          plan["temperature"] * 0.6931471805599453, p(scores), p(flagged), p(boundary))
         assert error == 0
