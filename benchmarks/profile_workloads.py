@@ -25,8 +25,9 @@ tools/h200.sh runs them in its profile (under ncu), steps and host stages.
            variants.
   learnable: forward + .sum().backward() of 8192 x 256 x 256 float32 at t = 1, the gradient of S alone
            against S's with the gaps' and the temperature's (0-d tensors that require grad), linear gap -1
-           and affine -12/-1, interleaved call by call (medians of 20 CUDA-event intervals); then the two
-           backward operators alone on one forward's state (backward, backward_parameters): a table.
+           and affine -12/-1, interleaved call by call (medians of 20 CUDA-event intervals); then the
+           backward operators alone on one forward's state (backward, backward_parameters, and
+           backward_parameters_per_pair with the values read on the device): a table.
 """
 
 import sys
@@ -195,7 +196,7 @@ def learnable() -> None:
     print(f"forward + backward, {B} x {M} x {N} float32, t = {t:g}: the gradient of S alone, and with the gaps' "
           "and the temperature's (0-d tensors); medians of 20 CUDA-event intervals, interleaved")
     print(f"{'gaps':<14} {'S alone':>9} {'S, gaps, t':>11} {'ratio':>6}   {'backward kernels: plain':>23} "
-          f"{'with sums':>9} {'ratio':>6}  by rows; S's gradient")
+          f"{'with sums':>9} {'ratio':>6} {'per pair':>13}  by rows; S's gradient")
     for label, gaps in (("linear -1", {"gap": -1.0}), ("affine -12/-1", {"gap_open": -12.0, "gap_extend": -1.0})):
         parameters = {name: torch.tensor(value, device="cuda", requires_grad=True) for name, value in gaps.items()}
         temperature = torch.tensor(t, device="cuda", requires_grad=True)
@@ -218,20 +219,26 @@ def learnable() -> None:
         del alone
         # the two backward operators alone, on the state of one forward
         S = X.detach()
+        values = [torch.full((B,), value, device="cuda") for value in (*gaps.values(), t)]
         if len(gaps) == 1:
             by_rows = gradient_by_rows(S, False, gaps["gap"], t)
             _, state, best, failed = op.forward(S, None, None, gaps["gap"], t, by_rows)
             args = (ones, S, state, best, failed, None, None, gaps["gap"], t, by_rows)
-            kernels = [lambda a=args: op.backward(*a), lambda a=args: op.backward_parameters(*a)]
+            _, *kept = op.forward_per_pair(S, None, None, *values)
+            kernels = [lambda a=args: op.backward(*a), lambda a=args: op.backward_parameters(*a),
+                       lambda a=(ones, S, *kept, None, None, *values): op.backward_parameters_per_pair(*a)]
         else:
             by_rows = affine_gradient_by_rows(S, False, gaps["gap_open"], t)
             _, state, best, failed = op.affine_forward(S, None, None, gaps["gap_open"], gaps["gap_extend"], t, by_rows)
             args = (ones, S, state, best, failed, None, None, gaps["gap_open"], gaps["gap_extend"], t, by_rows)
-            kernels = [lambda a=args: op.affine_backward(*a), lambda a=args: op.affine_backward_parameters(*a)]
-        backward, with_sums = cuda_seconds_interleaved(kernels, 20)
+            _, *kept = op.affine_forward_per_pair(S, None, None, *values)
+            kernels = [lambda a=args: op.affine_backward(*a), lambda a=args: op.affine_backward_parameters(*a),
+                       lambda a=(ones, S, *kept, None, None, *values): op.affine_backward_parameters_per_pair(*a)]
+        backward, with_sums, per_pair = cuda_seconds_interleaved(kernels, 20)
         rows = f"yes, {failed.item()} pairs failed" if by_rows else "no"
         print(f"{label:<14} {plain * 1e3:>6.3f} ms {learned * 1e3:>8.3f} ms {learned / plain:>5.2f}x   "
-              f"{backward * 1e3:>20.3f} ms {with_sums * 1e3:>6.3f} ms {with_sums / backward:>5.2f}x  {rows}; {same}")
+              f"{backward * 1e3:>20.3f} ms {with_sums * 1e3:>6.3f} ms {with_sums / backward:>5.2f}x "
+              f"{per_pair * 1e3:>10.3f} ms  {rows}; {same}")
 
 
 if __name__ == "__main__":

@@ -108,6 +108,20 @@ SCHEMAS.update({
     "affine_posterior_per_pair": f"{_AFFINE_PER_PAIR} -> (Tensor, Tensor, Tensor, Tensor)",
 })
 
+# The gradient by rows with the gaps and the temperature read on the device, CUDA only (kernels/cuda/ops.cpp:
+# op_forward_per_pair; _RowsPerPair below): (B,) float32 values, any stride; grad_S is a (0,) tensor where the
+# forward counted a failed pair.
+SCHEMAS.update({
+    "forward_per_pair": f"{_PER_PAIR} -> (Tensor, Tensor, Tensor, Tensor)",
+    "backward_parameters_per_pair": ("(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor failed, "
+                                     "Tensor? query_lengths, Tensor? target_lengths, Tensor gap, Tensor temperature) "
+                                     "-> (Tensor, Tensor)"),
+    "affine_forward_per_pair": f"{_AFFINE_PER_PAIR} -> (Tensor, Tensor, Tensor, Tensor)",
+    "affine_backward_parameters_per_pair": ("(Tensor grad_scores, Tensor S, Tensor state, Tensor best, Tensor failed, "
+                                            "Tensor? query_lengths, Tensor? target_lengths, Tensor gap_open, "
+                                            "Tensor gap_extend, Tensor temperature) -> (Tensor, Tensor)"),
+})
+
 # Exact search scores at t = 0 in 16-bit lanes, CUDA only (kernels/cuda/search_s16.cu; search.ExactSearch).
 SCHEMAS["search_scores_s16"] = ("(Tensor query, Tensor target, Tensor target_lengths, Tensor table, int gap_open, "
                                 "int gap_extend, int limit) -> (Tensor, Tensor)")
@@ -141,6 +155,10 @@ _scores_per_pair = torch.ops.swcli.scores_per_pair.default
 _posterior_per_pair = torch.ops.swcli.posterior_per_pair.default
 _affine_scores_per_pair = torch.ops.swcli.affine_scores_per_pair.default
 _affine_posterior_per_pair = torch.ops.swcli.affine_posterior_per_pair.default
+_forward_per_pair = torch.ops.swcli.forward_per_pair.default
+_backward_parameters_per_pair = torch.ops.swcli.backward_parameters_per_pair.default
+_affine_forward_per_pair = torch.ops.swcli.affine_forward_per_pair.default
+_affine_backward_parameters_per_pair = torch.ops.swcli.affine_backward_parameters_per_pair.default
 
 
 # --------------------------------------------------------------------------------------------------
@@ -461,6 +479,34 @@ def _affine_posterior_per_pair_fake(S, query_lengths, target_lengths, gap_open, 
     return S.new_empty(B), S.new_empty(S.shape), S.new_empty(B), S.new_empty(B)
 
 
+@torch.library.register_fake("swcli::forward_per_pair")
+def _forward_per_pair_fake(S, query_lengths, target_lengths, gap, temperature):
+    _load_engine_for_fake(S.device)
+    B = S.shape[0]
+    return (S.new_empty(B), S.new_empty(_state_size(S, 1)), S.new_empty(B, dtype=torch.int64),
+            S.new_empty(1, dtype=torch.int32))
+
+
+@torch.library.register_fake("swcli::affine_forward_per_pair")
+def _affine_forward_per_pair_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature):
+    _load_engine_for_fake(S.device)
+    B = S.shape[0]
+    return (S.new_empty(B), S.new_empty(_state_size(S, 2)), S.new_empty(B, dtype=torch.int64),
+            S.new_empty(1, dtype=torch.int32))
+
+
+@torch.library.register_fake("swcli::backward_parameters_per_pair")
+def _backward_parameters_per_pair_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap,
+                                       temperature):
+    return S.new_empty(S.shape), S.new_empty(2, S.shape[0])
+
+
+@torch.library.register_fake("swcli::affine_backward_parameters_per_pair")
+def _affine_backward_parameters_per_pair_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths,
+                                              gap_open, gap_extend, temperature):
+    return S.new_empty(S.shape), S.new_empty(3, S.shape[0])
+
+
 TEMPERATURE_GRADIENT_AT_ZERO = (
     "d score / d temperature is not defined at temperature 0 (the hard maximum is not differentiable in t): "
     "keep the temperature > 0 where it requires grad (SoftSmithWaterman(learnable=True) holds log(t))")
@@ -702,6 +748,71 @@ class _ParametersWithGradient(torch.autograd.Function):
         grad_S, grad_t, *grad_gaps = _once_differentiable((S, *values, grad_scores), grad_S if needs[0] else None,
                                                           grad_t, *grad_gaps)
         return grad_S, None, None, None, *grad_gaps, grad_t
+
+
+def _rows_per_pair_take(S: torch.Tensor, lengths: bool, affine: bool) -> bool:
+    """Whether a differentiable call with tensor gaps or temperature goes by rows with the values read on
+    the device (_RowsPerPair): where the gradient by rows takes the scores whatever the values are
+    (gradient_by_rows, affine_gradient_by_rows), in eager mode, for a batch of pairs."""
+    narrowest = 0 if affine else ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
+    return (S.shape[0] > 0 and _rows_allowed(S, 1.0, narrowest) and not _in_functorch()
+            and torch._guards.detect_fake_mode(S) is None)
+
+
+class _RowsPerPair(torch.autograd.Function):
+    """The scores with the gaps and the temperature as (B,) CUDA tensors, differentiable in all of them, by
+    the gradient by rows with the values read by the kernels (forward_per_pair, backward_parameters_per_pair):
+    as _ParametersWithGradient, without the copy of the values to the host before the forward. A learned
+    gap or temperature is updated on the device by the step before; that copy waited for it, and the GPU
+    then idled while the host launched the forward.
+
+    The forward scores every pair, each by the sweep its values need, and counts the pairs the rows could
+    not take (the scaled range, t = 0, a gap > 0, affine gaps outside the shared form) and those whose values
+    are not valid, which score NaN. The backward reads that count, as the gradient by rows always does;
+    where it is not 0 it reads the values, raises naming the first pair that breaks a rule, and takes the
+    DP table's path by groups of equal values (_grouped_gradient)."""
+
+    @staticmethod
+    def forward(ctx, S, query_lengths, target_lengths, *values):
+        op = _forward_per_pair if len(values) == 2 else _affine_forward_per_pair
+        with torch._C._AutoDispatchBelowAutograd():
+            scores, state, best, failed = op(S, query_lengths, target_lengths, *values)
+        ctx.save_for_backward(S, query_lengths, target_lengths, scores, state, best, failed, *values)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        S, query_lengths, target_lengths, scores, state, best, failed, *values = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        op = _backward_parameters_per_pair if len(values) == 2 else _affine_backward_parameters_per_pair
+        with torch.no_grad():
+            grad_S, sums = op(grad_scores, S, state, best, failed, query_lengths, target_lengths, *values)
+            if grad_S.dim() != 3:  # some pair failed: its values are read, checked, and its gradient redone
+                grad_S, sums = _grouped_gradient(grad_scores, S, query_lengths, target_lengths, values, needs[-1])
+            grad_gaps, grad_t = _gradients_from_sums(grad_scores, scores, values, sums[:-1], sums[-1], needs[3:])
+        grad_S, grad_t, *grad_gaps = _once_differentiable((S, *values, grad_scores), grad_S if needs[0] else None,
+                                                          grad_t, *grad_gaps)
+        return grad_S, None, None, *grad_gaps, grad_t
+
+
+def _grouped_gradient(grad_scores, S, qlen, tlen, values, temperature_needs_grad: bool):
+    """(grad_S, sums (k, B)) of the engine's backward with the parameters' sums, by groups of pairs with equal
+    values: the values read to the host and checked (_check_per_pair_values), each group's forward that
+    keeps the state, then its backward."""
+    host = _host_values(values, [None] * len(values), S.dtype)
+    names = ("gap",) if len(values) == 2 else ("gap_open", "gap_extend")
+    _check_per_pair_values(names, host, needs_positive_temperature=temperature_needs_grad)
+
+    def part(index, key):
+        s, q, t = (S, qlen, tlen) if index is None else _select_pairs(index, S, qlen, tlen)
+        g = grad_scores if index is None else grad_scores.index_select(0, index)
+        _, state, best, failed, by_rows = _forward_keeping_state(s, q, t, key)
+        grad, sums = _backward_with_sums(g, s, q, t, key, state, best, failed, by_rows)
+        return grad, sums.T
+
+    groups = _groups(host, S.device)
+    grad_S, sums = _in_batch_order(S.shape[0], groups, (part(index, key) for index, key in groups))
+    return grad_S, sums.T
 
 
 # The per-pair operators' kernels by groups, on the engines' operators with numbers: the CUDA engine's
@@ -995,9 +1106,11 @@ def soft_smith_waterman(
 
     The gaps and the temperature are Python numbers, or tensors: 0-d (one value for the batch) or (B,)
     (one per pair), differentiable where they require grad (d score / d gap is the expected number of gap
-    positions of the soft alignment; d score / d t needs t > 0), on every backend. The engines read tensor
-    values to the host (one copy; not inside a CUDA graph being captured) and run once per group of
-    pairs with equal values: one group, at full speed, for a 0-d tensor.
+    positions of the soft alignment; d score / d t needs t > 0), on every backend. A differentiable call on
+    float32 CUDA scores that the gradient by rows takes has its kernels read the values on the device, a
+    pair's own each (a pair whose value breaks a rule scores NaN, and the backward raises naming it);
+    elsewhere the engines read tensor values to the host (one copy; not inside a CUDA graph being
+    captured) and run once per group of pairs with equal values: one group, at full speed, for a 0-d tensor.
 
     return_posterior: return (scores, posterior), the posterior being d score[b] / d S[b] (S's shape):
     the soft alignment, each entry the probability that the cell is matched (the best alignment's match
@@ -1119,9 +1232,16 @@ def _per_pair_parameters(S, gaps, temperature):
     values on the host, (B, k) float64, read in one copy from the device and checked. host is None where
     nothing can be read: in a graph being captured or compiled and under torch.func transforms (the engine
     checks the values itself there), for meta and fake tensors and for an empty batch."""
+    values, known = _per_pair_values(S, gaps, temperature)
+    return values, _read_per_pair_values(S, values, known, temperature)
+
+
+def _per_pair_values(S, gaps, temperature):
+    """(values, known): _per_pair_parameters' values, checked for their shapes and dtypes, not read; known
+    holds the numbers given (None for a tensor)."""
     B = S.shape[0]
     names = ("gap",) if len(gaps) == 1 else ("gap_open", "gap_extend")
-    values, known = [], []  # known: the numbers given (None for a tensor)
+    values, known = [], []
     for name, value in zip((*names, "temperature"), (*gaps, temperature)):
         if not isinstance(value, torch.Tensor):
             values.append(torch.full((), value, dtype=S.dtype, device=S.device).expand(B))
@@ -1134,15 +1254,21 @@ def _per_pair_parameters(S, gaps, temperature):
             raise ValueError(f"{name} must hold real numbers, got dtype {value.dtype}")
         values.append(value.to(device=S.device, dtype=S.dtype).expand(B))
         known.append(None)
-    if (_capturing_graph() or _in_functorch() or S.device.type == "meta" or not B
+    return values, known
+
+
+def _read_per_pair_values(S, values, known, temperature) -> torch.Tensor | None:
+    """_per_pair_parameters' host values (None where nothing can be read), checked."""
+    if (_capturing_graph() or _in_functorch() or S.device.type == "meta" or not S.shape[0]
             or torch._guards.detect_fake_mode(S) is not None):
-        return values, None
+        return None
     if S.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError(CAPTURED_VALUES)
     host = _host_values(values, known, S.dtype)
+    names = ("gap",) if len(values) == 2 else ("gap_open", "gap_extend")
     _check_per_pair_values(names, host, needs_positive_temperature=torch.is_grad_enabled()
                            and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
-    return values, host
+    return host
 
 
 def _host_values(values, known, dtype) -> torch.Tensor:
@@ -1199,8 +1325,12 @@ def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_post
         return soft_smith_waterman_affine_reference(S, *gaps, temperature, qlen, tlen), None
     _load_engine_for(S)
     _refuse_nested_differentiation()
-    values, host = _per_pair_parameters(S, gaps, temperature)
+    values, known = _per_pair_values(S, gaps, temperature)
     differentiable = torch.is_grad_enabled() and (S.requires_grad or any(v.requires_grad for v in values))
+    if differentiable and not return_posterior and _rows_per_pair_take(S, qlen is not None or tlen is not None,
+                                                                       len(gaps) == 2):
+        return _RowsPerPair.apply(S, qlen, tlen, *values), None
+    host = _read_per_pair_values(S, values, known, temperature)
     if not (return_posterior or differentiable or torch.jit.is_tracing()):
         if host is not None:  # the values read already: the engine's scores by groups, no second read
             return _scores_of_groups(S, qlen, tlen, _groups(host, S.device)), None

@@ -381,6 +381,93 @@ def test_per_pair_operators_check_values_naming_the_pair():
         ssw(S, torch.tensor([-1.0, -1.0, float("nan")], device="cuda"), 1.0)
 
 
+# --------------------------------------------------------------------------------------------------
+# Values read on the device: the gradient by rows of a differentiable call (ops._RowsPerPair)
+
+
+def device_rows_batch(kind: str, seed: int, with_lengths: bool = False):
+    """A float32 batch the gradient by rows takes (10 x 50 x 200; with lengths 60 x 230), distinct values
+    per pair requiring grad, and a gradient to seed: (S, gaps, temperature, qlen, tlen, grad_out) on CUDA."""
+    B, M, N = (10, 60, 230) if with_lengths else (10, 50, 200)
+    S = random_scores((B, M, N), seed=seed, scale=1.5, dtype=torch.float32, device="cuda")
+    qlen = random_lengths(B, M, seed=seed + 1, low=1).cuda() if with_lengths else None
+    tlen = random_lengths(B, N, seed=seed + 2, low=1).cuda() if with_lengths else None
+    gaps = {name: value.detach().float().cuda().requires_grad_() for name, value in
+            gaps_of(kind, "per-pair distinct", B).items()}
+    temperature = temperature_of(0.8, "per-pair distinct", B, torch.float32).detach().cuda().requires_grad_()
+    grad_out = (random_scores((B,), seed=seed + 3).abs() + 0.5).float().cuda()
+    return S, gaps, temperature, qlen, tlen, grad_out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_values_read_on_the_device_match_the_groups_and_are_never_copied(kind, with_lengths, monkeypatch):
+    """Distinct (B,) values requiring grad take the rows with the values read by the kernels: no host copy
+    (a read would fail here), and the scores and gradients of the path by groups of equal values."""
+    S, gaps, t, qlen, tlen, grad_out = device_rows_batch(kind, 13000, with_lengths)
+    assert ops._rows_per_pair_take(S, with_lengths, kind == "affine")
+    with monkeypatch.context() as patch:
+        patch.setattr(ops, "_host_values", lambda *a: pytest.fail("the values were read to the host"))
+        scores, got = parameter_gradients(S, gaps, t, qlen, tlen, grad_out)
+    with monkeypatch.context() as patch:
+        patch.setattr(ops, "_rows_per_pair_take", lambda *a: False)
+        by_groups_scores, by_groups = parameter_gradients(S, gaps, t, qlen, tlen, grad_out)
+    assert set(got) == {"S", *gaps, "temperature"}
+    torch.testing.assert_close(scores, by_groups_scores, rtol=1e-6, atol=1e-6)
+    for name in got:
+        torch.testing.assert_close(got[name], by_groups[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_values_read_on_the_device_outside_the_rows_match_the_cpu_engine(kind):
+    """Pairs whose values the rows do not take (t = 0, a gap > 0, affine gaps past the shared form) are
+    scored in the forward by the sweep they need and counted; the backward takes the DP table's path by
+    groups. Scores and gradients as the CPU engine's (float64)."""
+    S, gaps, t, qlen, tlen, grad_out = device_rows_batch(kind, 13100)
+    t = t.detach().clone()
+    t[1] = 0.0  # the exact sweep
+    t[4] = 0.02  # affine: |gap_open| log2(e) / t past 100, the separate form; linear: the rows still
+    if kind == "linear":
+        gaps["gap"].data[6] = 0.3  # a gap > 0: log space
+    _, state, best, failed = torch.ops.swcli.forward_per_pair(S, None, None, gaps["gap"], t) if kind == "linear" \
+        else torch.ops.swcli.affine_forward_per_pair(S, None, None, gaps["gap_open"], gaps["gap_extend"], t)
+    assert failed.item() >= 2  # (linear at t = 0.02 may leave the scaled range too)
+    scores, got = parameter_gradients(S, gaps, t, qlen, tlen, grad_out)
+    exact_scores, exact = parameter_gradients(*on("cpu", torch.float64, S, gaps, t, None, None),
+                                              grad_out.double().cpu(), backend="cpu")
+    single_scores, single = parameter_gradients(*on("cpu", torch.float32, S, gaps, t, None, None),
+                                                grad_out.cpu(), backend="cpu")
+    assert set(got) == set(exact) == {"S", *gaps}
+    torch.testing.assert_close(scores.double().cpu(), exact_scores, rtol=1e-5, atol=1e-4)  # float32 sums
+    for name in exact:
+        assert_float32_close({k: v.cpu() for k, v in got.items()}, exact, single, name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_invalid_values_read_on_the_device_score_nan_and_fail_at_backward(kind):
+    """The forward does not wait for the values: a pair whose value breaks a rule scores NaN, and the backward
+    (which reads the failed count) raises, naming the pair as the checks before a forward do."""
+    name = "gap" if kind == "linear" else "gap_extend"
+    for broken, value, message in ((name, float("nan"), f"{name} must be finite; pair 3 has"),
+                                   ("temperature", -0.5, "temperature must be finite and >= 0; pair 3 has"),
+                                   ("temperature", 0.0, "not defined at temperature 0")):
+        S, gaps, t, qlen, tlen, grad_out = device_rows_batch(kind, 13200)
+        target = t if broken == "temperature" else gaps[broken]
+        target.data[3] = value
+        scores = ssw(S.requires_grad_(), temperature=t, **gaps)
+        assert (scores[3].isnan().item() if value != 0.0 else scores[3].isfinite().item())
+        assert scores[torch.arange(10, device="cuda") != 3].isfinite().all()
+        with pytest.raises(ValueError, match=message):
+            scores.sum().backward()
+    if kind == "affine":  # gap_open > gap_extend
+        S, gaps, t, qlen, tlen, grad_out = device_rows_batch(kind, 13200)
+        gaps["gap_open"].data[5] = 0.0
+        scores = ssw(S, temperature=t, **gaps)
+        assert scores[5].isnan()
+        with pytest.raises(ValueError, match="gap_open must be <= gap_extend; pair 5 has"):
+            scores.sum().backward()
+
+
 def test_tensor_values_cannot_be_captured_in_a_cuda_graph():
     S = random_scores((3, 4, 5), seed=12900, dtype=torch.float32, device="cuda")
     gap = torch.tensor(-1.0, device="cuda")
@@ -404,7 +491,9 @@ def test_learnable_module_on_cuda_matches_the_cpu(affine):
         module = swcli.SoftSmithWaterman(gap_open=-2.0, temperature=0.8, learnable=True, **extend).to(device)
         S_in = S.float().to(device).requires_grad_()
         out = module(S_in, qlen.to(device), tlen.to(device))
-        assert type(out.grad_fn).__name__ == "_ParametersWithGradientBackward"
+        # on CUDA the rows read the parameters on the device (230 columns with lengths: the gradient by rows)
+        node = "_RowsPerPairBackward" if device == "cuda" else "_ParametersWithGradientBackward"
+        assert type(out.grad_fn).__name__ == node
         out.sum().backward()
         results[device] = (out.detach().cpu(), S_in.grad.cpu(), {n: p.grad.cpu() for n, p in module.named_parameters()})
     torch.testing.assert_close(results["cuda"][0], results["cpu"][0], rtol=1e-5, atol=1e-3)

@@ -67,6 +67,20 @@ def every_operator(device):
         _, kept, best_row, failed = torch.ops.swcli.affine_forward(wide.detach(), None, None, -2.0, -0.5, 1.0, True)
         cases.append((torch.ops.swcli.affine_backward_parameters.default,
                       (ones, wide.detach(), kept, best_row, failed, None, None, -2.0, -0.5, 1.0, True), {}))
+        # the gradient by rows with the values read on the device (a 0-d value expanded: stride 0)
+        gap3 = torch.tensor([-1.0, -0.6, -1.4], device=device)
+        t3 = torch.tensor(0.8, device=device).expand(3)
+        # (no autograd of their own: _RowsPerPair calls them below autograd)
+        cases.append((torch.ops.swcli.forward_per_pair.default, (wide.detach(), None, None, gap3, t3), {}))
+        cases.append((torch.ops.swcli.affine_forward_per_pair.default, (wide.detach(), None, None, gap3 - 1, gap3,
+                                                                        t3), {}))
+        _, kept, best_row, failed = torch.ops.swcli.forward_per_pair(wide.detach(), None, None, gap3, t3)
+        cases.append((torch.ops.swcli.backward_parameters_per_pair.default,
+                      (ones, wide.detach(), kept, best_row, failed, None, None, gap3, t3), {}))
+        _, kept, best_row, failed = torch.ops.swcli.affine_forward_per_pair(wide.detach(), None, None, gap3 - 1, gap3,
+                                                                            t3)
+        cases.append((torch.ops.swcli.affine_backward_parameters_per_pair.default,
+                      (ones, wide.detach(), kept, best_row, failed, None, None, gap3 - 1, gap3, t3), {}))
     return cases
 
 
@@ -74,7 +88,8 @@ def every_operator(device):
 def test_opcheck_passes_for_every_operator(device):
     for op, args, kwargs in every_operator(device):
         tests = None  # all of opcheck's
-        if device.type == "cuda" and op is torch.ops.swcli.forward.default:
+        if device.type == "cuda" and op in (torch.ops.swcli.forward.default, torch.ops.swcli.forward_per_pair.default,
+                                            torch.ops.swcli.affine_forward_per_pair.default):
             # CUDA's state is written only where the backward reads it (the DP table inside each pair's
             # lengths, the kept rows without their padding), so two runs' states differ elsewhere, and
             # opcheck compares every output of two runs; the scores and gradient under torch.compile are

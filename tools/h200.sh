@@ -120,6 +120,19 @@ for B, M, N, lengths in ((64, 300, 256, False), (200, 30, 200, True), (40, 90, 2
     q = torch.randint(0, M + 1, (B,), generator=g).cuda() if lengths else None
     tl = torch.randint(0, N + 1, (B,), generator=g).cuda() if lengths else None
     swcli.soft_smith_waterman(S, -1.0, 1.0, q, tl).sum().backward()
+# the rows with (B,) gaps and temperature read on the device (ops._RowsPerPair): every pair its own values,
+# pairs at t = 0, with a gap > 0 (linear) or past the shared form (affine), all counted: the table's path
+for B, M, N, lengths in ((64, 300, 256, False), (200, 30, 200, True), (40, 90, 250, False)):
+    S = torch.randn(B, M, N, generator=g).cuda().requires_grad_()
+    q = torch.randint(0, M + 1, (B,), generator=g).cuda() if lengths else None
+    tl = torch.randint(0, N + 1, (B,), generator=g).cuda() if lengths else None
+    t = torch.linspace(0.5, 1.5, B).cuda()
+    gap = torch.linspace(-2.0, -0.5, B).cuda().requires_grad_()
+    swcli.soft_smith_waterman(S, gap, t.requires_grad_(), q, tl).sum().backward()
+    swcli.soft_smith_waterman(S, None, t, q, tl, gap_open=gap - 1.0, gap_extend=gap).sum().backward()
+    t = t.detach().clone(); t[1] = 0.0; t[2] = 0.01
+    swcli.soft_smith_waterman(S, torch.where(torch.arange(B).cuda() == 3, 0.5, gap), t, q, tl).sum().backward()
+    swcli.soft_smith_waterman(S, None, t, q, tl, gap_open=gap - 1.0, gap_extend=gap).sum().backward()
 # full pairs whose last tile is narrower than a tile (300 = 2 x 128 + 44): lanes past it, last rows
 S = torch.randn(1100, 40, 300, generator=g).cuda().requires_grad_()
 swcli.soft_smith_waterman(S, -1.0, 1.0).sum().backward()

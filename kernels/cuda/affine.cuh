@@ -166,14 +166,14 @@ __device__ __forceinline__ void affine_adjoint(A m, A x, A y, A eh, A exn, A eyn
 
 // Host: the mode of a call and its constants.
 template <typename A>
-int affine_mode(double o, double t) {
+__host__ __device__ int affine_mode(double o, double t) {
   if (!(t > 0)) return kHard;
   const double c = 1.4426950408889634 / t;
   return -o * c <= affine_shared_limit<A>() ? kShared : kSeparate;
 }
 
 template <typename A>
-AffineConsts<A> affine_consts(double o, double e, double t) {
+__host__ __device__ AffineConsts<A> affine_consts(double o, double e, double t) {
   const Consts<A> lin = consts<A>(o, t);
   AffineConsts<A> k;
   k.o = A(o), k.e = A(e), k.c = lin.c, k.tl = lin.tl;

@@ -274,11 +274,27 @@ __device__ __forceinline__ void affine_adjoint_row(const float (&H)[kRowCols], c
   store_gradient_row<ALIGNED>(grad_row, below.w, col, N, st);
 }
 
-template <bool MASKED, bool ALIGNED>
+// The rules of the affine gradient by rows (affine_rows_take in ops.cpp: t > 0 in the shared form) and
+// of any call (gap_open <= gap_extend <= 0), for values read on the device (RowsCase in rows.cuh; the
+// separate form takes the log-space sweep as kRowsSoft).
+__device__ __forceinline__ RowsCase affine_rows_case(double o, double e, double t) {
+  if (!(isfinite(o) && isfinite(e) && isfinite(t) && t >= 0 && o <= e && e <= 0)) return kRowsInvalid;
+  if (t == 0) return kRowsHard;
+  return affine_mode<float>(o, t) == kShared ? kRowsHold : kRowsSoft;
+}
+
+struct AffineDerive {
+  __device__ static PairItem<AffineConsts<float>> of(const PairRead& v) {
+    return {affine_consts<float>(v.gap, v.extend, v.t), affine_rows_case(v.gap, v.extend, v.t)};
+  }
+};
+
+template <bool MASKED, bool ALIGNED, bool PER_PAIR>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     affine_rows_forward_kernel(const float* S, const int64_t* qlen, const int64_t* tlen, const int64_t* order,
                                float* scores, int64_t* best_row, float* kept, Pair2<float>* boundary, int* failed,
-                               AffineConsts<float> k, int64_t B, int M, int N) {
+                               AffineConsts<float> k, const PairItem<AffineConsts<float>>* items, int64_t B, int M,
+                               int N) {
   __shared__ Staging staging_rows[ALIGNED ? 1 : kWarpsPerBlock];  // ALIGNED: unused
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;
@@ -286,16 +302,21 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   Staging& staging = staging_rows[ALIGNED ? 0 : threadIdx.x / kWarp];
   const RowsLane where(b, qlen, tlen, M, N);
   const int lane = where.lane, qn = where.qn, tn = where.tn, col = where.col, valid = where.valid;
+  RowsCase pair_case = kRowsHold;
+  if constexpr (PER_PAIR) {
+    const PairItem<AffineConsts<float>> item = items[b];
+    k = item.k, pair_case = RowsCase(item.rows_case);
+  }
   const AffineRowConsts rc = affine_row_consts(k);
   const float* Sb = S + b * int64_t(M) * N;
   float* kept_b = kept + b * kept_rows(M) * kAffineKeptRowFloats;
   float H[kRowCols], Y[kRowCols], unused[kRowCols];
   int sig;
   affine_border_row<MASKED>(H, Y, sig, valid);
-  bool ok = true;
+  bool ok = pair_case == kRowsHold;  // the same in every lane
   long long best_key = scaled_key(0, 1.0f);  // the border
   int best_i = -1;  // the first row that holds best_key (its column: best_column, in the backward)
-  const int rows = tn > 0 ? qn : 0;
+  const int rows = tn > 0 && ok ? qn : 0;
   float ring[kRowsAhead][kRowCols];
 #pragma unroll
   for (int u = 0; u < kRowsAhead; ++u) load_score_row<ALIGNED>(Sb, u, rows, N, col, ring[u]);
@@ -328,9 +349,16 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     }
     return;
   }
+  if (PER_PAIR && pair_case == kRowsInvalid) {
+    if (lane == 0) {
+      scores[b] = __int_as_float(0x7fc00000), best_row[b] = -1;
+      atomicAdd(failed, 1);
+    }
+    return;
+  }
   // The scaled rows could not hold this pair: its score in log space (affine_tiles, as the scores
   // without the state), and the caller takes the state's path for the batch (its forward finds the best
-  // cells again).
+  // cells again). Values read on the device may take the other forms (at t = 0, the exact sweep).
   using Source = std::conditional_t<ALIGNED, DenseGroups<8>, DenseDirect<float, 4>>;
   Source src;
   src.S = S, src.M = M, src.N = N;
@@ -338,18 +366,29 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const InPlace<Pair2<float>> handoff{boundary ? boundary + b * M : nullptr};
   float best;
   int64_t unused_at;
-  affine_tiles<float, 4, kShared, false>(Pair{b, qn, tn}, src, k, out, M, N, handoff, 0, 1, best, unused_at);
+  const Pair p{b, qn, tn};
+  if constexpr (PER_PAIR) {
+    if (pair_case == kRowsHard)
+      affine_tiles<float, 4, kHard, false>(p, src, k, out, M, N, handoff, 0, 1, best, unused_at);
+    else if (pair_case == kRowsSoft)
+      affine_tiles<float, 4, kSeparate, false>(p, src, k, out, M, N, handoff, 0, 1, best, unused_at);
+    else
+      affine_tiles<float, 4, kShared, false>(p, src, k, out, M, N, handoff, 0, 1, best, unused_at);
+  } else {
+    affine_tiles<float, 4, kShared, false>(p, src, k, out, M, N, handoff, 0, 1, best, unused_at);
+  }
   if (lane == 0) {
     scores[b] = best, best_row[b] = -1;
     atomicAdd(failed, 1);
   }
 }
 
-template <bool MASKED, bool ALIGNED, bool SUMS>
+template <bool MASKED, bool ALIGNED, bool SUMS, bool PER_PAIR>
 __global__ void __launch_bounds__(kWarp* affine_rows_warps<SUMS>())
     affine_rows_backward_kernel(const float* grad_scores, const float* S, const float* kept, const int64_t* best_row,
                                 const int64_t* qlen, const int64_t* tlen, const int64_t* order, float* grad_S,
-                                float* sums, AffineConsts<float> k, int64_t B, int M, int N) {
+                                float* sums, AffineConsts<float> k, const PairItem<AffineConsts<float>>* items,
+                                int64_t B, int M, int N) {
   constexpr int kWarps = affine_rows_warps<SUMS>();
   using Band = std::conditional_t<SUMS, AffineBandWithGaps, AffineBand>;
   __shared__ Band bands[kWarps];
@@ -361,6 +400,7 @@ __global__ void __launch_bounds__(kWarp* affine_rows_warps<SUMS>())
   Staging& staging = staging_rows[ALIGNED ? 0 : threadIdx.x / kWarp];
   const RowsLane where(b, qlen, tlen, M, N);
   const int lane = where.lane, qn = where.qn, tn = where.tn, col = where.col, valid = where.valid;
+  if constexpr (PER_PAIR) k = items[b].k;  // every pair's case is kRowsHold: the forward counted no failure
   const AffineRowConsts rc = affine_row_consts(k);
   const float* Sb = S + b * int64_t(M) * N;
   const float* kept_b = kept + b * kept_rows(M) * kAffineKeptRowFloats;
@@ -450,31 +490,47 @@ int64_t sw_cuda_affine_rows_kept_floats(int64_t M) {
 
 cudaError_t sw_cuda_affine_rows_forward(const Problem& pr, const float* S, float* scores, int64_t* best_row,
                                         float* kept, float* boundary, int* failed, double gap_open,
-                                        double gap_extend, double t, cudaStream_t stream) {
+                                        double gap_extend, double t, cudaStream_t stream,
+                                        const PairValues* values) {
   using namespace swcli_cuda;
   if (pr.B == 0) return cudaSuccess;
   const AffineConsts<float> k = affine_consts<float>(gap_open, gap_extend, t);
+  cudaError_t err = cudaSuccess;
+  const auto* items = pair_items<AffineConsts<float>, AffineDerive>(values, pr.B, stream, err);
+  if (err != cudaSuccess) return err;
   return SWCLI_MASKED_ALIGNED_SWITCH(rows_masked(pr), rows_aligned(pr, S), MASKED, ALIGNED, [&] {
-    affine_rows_forward_kernel<MASKED, ALIGNED><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
-        S, pr.qlen, pr.tlen, pr.order, scores, best_row, kept, reinterpret_cast<Pair2<float>*>(boundary), failed, k,
-        pr.B, int(pr.M), int(pr.N));
-    return cudaGetLastError();
+    return SWCLI_BOOL_SWITCH(items != nullptr, PER_PAIR, [&] {
+      affine_rows_forward_kernel<MASKED, ALIGNED, PER_PAIR><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
+          S, pr.qlen, pr.tlen, pr.order, scores, best_row, kept, reinterpret_cast<Pair2<float>*>(boundary), failed,
+          k, items, pr.B, int(pr.M), int(pr.N));
+      return cudaGetLastError();
+    });
   });
 }
 
 cudaError_t sw_cuda_affine_rows_backward(const Problem& pr, const float* grad_scores, const float* S,
                                          const float* kept, const int64_t* best_row, float* grad_S, float* sums,
-                                         double gap_open, double gap_extend, double t, cudaStream_t stream) {
+                                         double gap_open, double gap_extend, double t, cudaStream_t stream,
+                                         const PairValues* values) {
   using namespace swcli_cuda;
   if (pr.B == 0) return cudaSuccess;
   const AffineConsts<float> k = affine_consts<float>(gap_open, gap_extend, t);
+  cudaError_t err = cudaSuccess;
+  const auto* items = pair_items<AffineConsts<float>, AffineDerive>(values, pr.B, stream, err);
+  if (err != cudaSuccess) return err;
+  if (items && !sums) return cudaErrorInvalidValue;  // values read on the device come with their sums
   return SWCLI_MASKED_ALIGNED_SWITCH(rows_masked(pr), rows_aligned(pr, S), MASKED, ALIGNED, [&] {
-    return SWCLI_BOOL_SWITCH(sums != nullptr, SUMS, [&] {
+    auto launch = [&](auto sums_flag, auto per_pair) {
+      constexpr bool SUMS = decltype(sums_flag)::value;
       constexpr int warps = affine_rows_warps<SUMS>();
       const unsigned blocks = unsigned((pr.B + warps - 1) / warps);
-      affine_rows_backward_kernel<MASKED, ALIGNED, SUMS><<<blocks, kWarp * warps, 0, stream>>>(
-          grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S, sums, k, pr.B, int(pr.M), int(pr.N));
+      affine_rows_backward_kernel<MASKED, ALIGNED, SUMS, decltype(per_pair)::value><<<blocks, kWarp * warps, 0,
+                                                                                       stream>>>(
+          grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S, sums, k, items, pr.B, int(pr.M),
+          int(pr.N));
       return cudaGetLastError();
-    });
+    };
+    if (items) return launch(std::true_type{}, std::true_type{});
+    return sums ? launch(std::true_type{}, std::false_type{}) : launch(std::false_type{}, std::false_type{});
   });
 }

@@ -12,12 +12,14 @@ namespace {
 // The forward for the gradient by rows: scores, the first best cell (row-major, as the reference's max:
 // a strictly larger scaled key wins, and keys order as E does, across scales), and the kept rows. A pair
 // the scaled rows cannot hold is scored in log space instead and counted in *failed (the caller then
-// takes the DP table's path).
-template <bool MASKED, bool ALIGNED>
+// takes the DP table's path). PER_PAIR: each pair's constants and case come from items (values read on
+// the device); a pair whose values the rows do not take (linear_rows_case) is counted too, scored by the
+// exact sweep at t = 0 and in log space otherwise, and one whose values are not valid scores NaN.
+template <bool MASKED, bool ALIGNED, bool PER_PAIR>
 __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     rows_forward_kernel(const float* S, const int64_t* qlen, const int64_t* tlen, const int64_t* order,
                         float* scores, int64_t* best_row, float* kept, float* boundary, int* failed, Consts<float> k,
-                        int64_t B, int M, int N) {
+                        const PairItem<Consts<float>>* items, int64_t B, int M, int N) {
   __shared__ Staging staging_rows[ALIGNED ? 1 : kWarpsPerBlock];  // ALIGNED: unused
   const int64_t slot = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (slot >= B) return;
@@ -25,16 +27,21 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   Staging& staging = staging_rows[ALIGNED ? 0 : threadIdx.x / kWarp];
   const RowsLane where(b, qlen, tlen, M, N);
   const int lane = where.lane, qn = where.qn, tn = where.tn, col = where.col, valid = where.valid;
+  RowsCase pair_case = kRowsHold;
+  if constexpr (PER_PAIR) {
+    const PairItem<Consts<float>> item = items[b];
+    k = item.k, pair_case = RowsCase(item.rows_case);
+  }
   const RowConsts rc = row_consts(k);
   const float* Sb = S + b * int64_t(M) * N;
   float* kept_b = kept + b * kept_rows(M) * kKeptRowFloats;
   float U[kRowCols];
   int sig;
   border_row<MASKED>(U, sig, valid);
-  bool ok = true;
+  bool ok = pair_case == kRowsHold;  // the same in every lane
   long long best_key = scaled_key(0, 1.0f);  // the border
   int best_i = -1;  // the first row that holds best_key (its column: best_column, in the backward)
-  const int rows = tn > 0 ? qn : 0;
+  const int rows = tn > 0 && ok ? qn : 0;
   float ring[kRowsAhead][kRowCols];
 #pragma unroll
   for (int u = 0; u < kRowsAhead; ++u) load_score_row<ALIGNED>(Sb, u, rows, N, col, ring[u]);
@@ -68,6 +75,13 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
     }
     return;
   }
+  if (PER_PAIR && pair_case == kRowsInvalid) {
+    if (lane == 0) {
+      scores[b] = __int_as_float(0x7fc00000), best_row[b] = -1;
+      atomicAdd(failed, 1);
+    }
+    return;
+  }
   // The scaled rows could not hold this pair: its score and best cell in log space (forward_tiles, as the
   // forward that keeps the table finds them, without the table), and the caller takes the table's path.
   // Its rows of S as launch_dense (forward_dense.cu) reads them: in groups of 16-byte loads where aligned,
@@ -79,19 +93,25 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock)
   const InPlace<float> handoff{boundary ? boundary + b * M : nullptr};
   float best;
   int64_t at;
-  forward_tiles<float, 4, true, true, Source, InPlace<float>, false, false>(Pair{b, qn, tn}, src, k, out, M, N, handoff,
-                                                                           0, 1, best, at);
+  if (PER_PAIR && pair_case == kRowsHard)
+    forward_tiles<float, 4, false, true, Source, InPlace<float>, false, false>(Pair{b, qn, tn}, src, k, out, M, N,
+                                                                              handoff, 0, 1, best, at);
+  else
+    forward_tiles<float, 4, true, true, Source, InPlace<float>, false, false>(Pair{b, qn, tn}, src, k, out, M, N,
+                                                                             handoff, 0, 1, best, at);
   if (lane == 0) {
     scores[b] = best, best_row[b] = at < 0 ? -1 : at / N;
     atomicAdd(failed, 1);
   }
 }
 
-template <bool MASKED, bool ALIGNED, bool SUMS>
-__global__ void __launch_bounds__(kWarp* kRowsWarps)
-    rows_backward_kernel(const float* grad_scores, const float* S, const float* kept, const int64_t* best_row,
-                         const int64_t* qlen, const int64_t* tlen, const int64_t* order, float* grad_S,
-                         float* sums, Consts<float> k, int64_t B, int M, int N) {
+// The backward of one pair a warp (rows_backward_kernel and, for values read on the device,
+// rows_backward_per_pair_kernel).
+template <bool MASKED, bool ALIGNED, bool SUMS, bool PER_PAIR>
+__device__ __forceinline__ void rows_backward_pair(const float* grad_scores, const float* S, const float* kept,
+                                                   const int64_t* best_row, const int64_t* qlen, const int64_t* tlen,
+                                                   const int64_t* order, float* grad_S, float* sums, Consts<float> k,
+                                                   const PairItem<Consts<float>>* items, int64_t B, int M, int N) {
   __shared__ BandRows shared_rows[kRowsWarps];
   __shared__ Staging staging_rows[ALIGNED ? 1 : kRowsWarps];  // ALIGNED: unused
   const int64_t slot = int64_t(blockIdx.x) * kRowsWarps + threadIdx.x / kWarp;
@@ -101,6 +121,7 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
   Staging& staging = staging_rows[ALIGNED ? 0 : threadIdx.x / kWarp];
   const RowsLane where(b, qlen, tlen, M, N);
   const int lane = where.lane, qn = where.qn, tn = where.tn, col = where.col, valid = where.valid;
+  if constexpr (PER_PAIR) k = items[b].k;  // every pair's case is kRowsHold: the forward counted no failure
   const RowConsts rc = row_consts(k);
   const float* Sb = S + b * int64_t(M) * N;
   const float* kept_b = kept + b * kept_rows(M) * kKeptRowFloats;
@@ -178,6 +199,27 @@ __global__ void __launch_bounds__(kWarp* kRowsWarps)
   if (SUMS) sum.add_to(sums, B, b);
 }
 
+template <bool MASKED, bool ALIGNED, bool SUMS>
+__global__ void __launch_bounds__(kWarp* kRowsWarps)
+    rows_backward_kernel(const float* grad_scores, const float* S, const float* kept, const int64_t* best_row,
+                         const int64_t* qlen, const int64_t* tlen, const int64_t* order, float* grad_S,
+                         float* sums, Consts<float> k, int64_t B, int M, int N) {
+  rows_backward_pair<MASKED, ALIGNED, SUMS, false>(grad_scores, S, kept, best_row, qlen, tlen, order, grad_S, sums, k,
+                                                   nullptr, B, M, N);
+}
+
+// With the pair's constants in registers rather than the call's in constant memory the sweep takes a few
+// registers more: held to 128, 4 blocks an SM as the call's kernel with sums (a few bytes spilled, once).
+template <bool MASKED, bool ALIGNED>
+__global__ void __launch_bounds__(kWarp* kRowsWarps, 4)
+    rows_backward_per_pair_kernel(const float* grad_scores, const float* S, const float* kept,
+                                  const int64_t* best_row, const int64_t* qlen, const int64_t* tlen,
+                                  const int64_t* order, float* grad_S, float* sums,
+                                  const PairItem<Consts<float>>* items, int64_t B, int M, int N) {
+  rows_backward_pair<MASKED, ALIGNED, true, true>(grad_scores, S, kept, best_row, qlen, tlen, order, grad_S, sums,
+                                                  Consts<float>{}, items, B, M, N);
+}
+
 // Which case of a rows kernel takes a call (see MASKED and ALIGNED at kRowCols in rows.cuh). The gradient
 // comes from at::empty, as aligned as S's rows are when N is a multiple of 4.
 bool rows_aligned(const Problem& pr, const float* S) {
@@ -190,32 +232,50 @@ bool rows_masked(const Problem& pr) { return pr.qlen || pr.tlen || pr.N % kRowCo
 
 int sw_cuda_rows_width() { return swcli_cuda::kRowsWidth; }
 
+int64_t sw_cuda_pair_values_bytes(int64_t B) { return B * swcli_cuda::kPairItemBytes; }
+
 int64_t sw_cuda_rows_kept_floats(int64_t M) { return swcli_cuda::kept_rows(M) * swcli_cuda::kKeptRowFloats; }
 
 cudaError_t sw_cuda_rows_forward(const Problem& pr, const float* S, float* scores, int64_t* best_row, float* kept,
-                                 float* boundary, int* failed, double gap, double t, cudaStream_t stream) {
+                                 float* boundary, int* failed, double gap, double t, cudaStream_t stream,
+                                 const PairValues* values) {
   using namespace swcli_cuda;
   if (pr.B == 0) return cudaSuccess;
+  cudaError_t err = cudaSuccess;
+  const PairItem<Consts<float>>* items = pair_items<Consts<float>, LinearDerive>(values, pr.B, stream, err);
+  if (err != cudaSuccess) return err;
   return SWCLI_MASKED_ALIGNED_SWITCH(rows_masked(pr), rows_aligned(pr, S), MASKED, ALIGNED, [&] {
-    rows_forward_kernel<MASKED, ALIGNED><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
-        S, pr.qlen, pr.tlen, pr.order, scores, best_row, kept, boundary, failed, consts<float>(gap, t), pr.B,
-        int(pr.M), int(pr.N));
-    return cudaGetLastError();
+    return SWCLI_BOOL_SWITCH(items != nullptr, PER_PAIR, [&] {
+      rows_forward_kernel<MASKED, ALIGNED, PER_PAIR><<<blocks_for(pr.B), kWarp * kWarpsPerBlock, 0, stream>>>(
+          S, pr.qlen, pr.tlen, pr.order, scores, best_row, kept, boundary, failed, consts<float>(gap, t), items, pr.B,
+          int(pr.M), int(pr.N));
+      return cudaGetLastError();
+    });
   });
 }
 
 cudaError_t sw_cuda_rows_backward(const Problem& pr, const float* grad_scores, const float* S, const float* kept,
                                   const int64_t* best_row, float* grad_S, float* sums, double gap, double t,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, const PairValues* values) {
   using namespace swcli_cuda;
   if (pr.B == 0) return cudaSuccess;
+  cudaError_t err = cudaSuccess;
+  const PairItem<Consts<float>>* items = pair_items<Consts<float>, LinearDerive>(values, pr.B, stream, err);
+  if (err != cudaSuccess) return err;
+  if (items && !sums) return cudaErrorInvalidValue;  // values read on the device come with their sums
   const unsigned blocks = unsigned((pr.B + kRowsWarps - 1) / kRowsWarps);
   return SWCLI_MASKED_ALIGNED_SWITCH(rows_masked(pr), rows_aligned(pr, S), MASKED, ALIGNED, [&] {
-    return SWCLI_BOOL_SWITCH(sums != nullptr, SUMS, [&] {
-      rows_backward_kernel<MASKED, ALIGNED, SUMS><<<blocks, kWarp * kRowsWarps, 0, stream>>>(
-          grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S, sums, consts<float>(gap, t), pr.B,
-          int(pr.M), int(pr.N));
-      return cudaGetLastError();
-    });
+    if (items)
+      rows_backward_per_pair_kernel<MASKED, ALIGNED><<<blocks, kWarp * kRowsWarps, 0, stream>>>(
+          grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S, sums, items, pr.B, int(pr.M),
+          int(pr.N));
+    else
+      SWCLI_BOOL_SWITCH(sums != nullptr, SUMS, [&] {
+        rows_backward_kernel<MASKED, ALIGNED, SUMS><<<blocks, kWarp * kRowsWarps, 0, stream>>>(
+            grad_scores, S, kept, best_row, pr.qlen, pr.tlen, pr.order, grad_S, sums, consts<float>(gap, t), pr.B,
+            int(pr.M), int(pr.N));
+        return 0;
+      });
+    return cudaGetLastError();
   });
 }

@@ -298,8 +298,10 @@ struct PairSums {
 
 inline int blocks_for(int64_t B) { return int((B + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// (Also on the device, for values read there: PairValues, engine.h. exp2 in double, rounded once to A,
+// gives the host's G but where the two round the double across a float boundary, a chance of about 2^-28.)
 template <typename A>
-Consts<A> consts(double gap, double temperature) {
+__host__ __device__ Consts<A> consts(double gap, double temperature) {
   Consts<A> k;
   k.gap = A(gap);
   const double c = temperature > 0 ? 1.4426950408889634 / temperature : 0.0;

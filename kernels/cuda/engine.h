@@ -84,13 +84,29 @@ cudaError_t sw_cuda_backward_f64(const Problem& pr, const double* grad_scores, c
 // boundary buffer (B, M) where N exceeds sw_cuda_tile_columns(4)), and their gradient needs the table's
 // path. rows_backward: grad_S (B, M, N), every element written, for a call whose *failed was 0 (the binding
 // reads it).
+//
+// values: null, or the gaps and t of each pair in device memory (tensor values: read by the kernels, so the
+// host launches without waiting for them); the numbers gap and t are then not used. A pair whose values
+// the rows cannot take is scored as the other paths score it and counted in *failed (t = 0 exactly, a
+// gap > 0, affine outside the shared form); one whose values are not valid (not finite, t < 0, affine
+// gap_open > gap_extend or gap_extend > 0) scores NaN and is counted too: the caller, which reads *failed
+// before the backward anyway, then reads the values and says which pair broke which rule.
+struct PairValues {
+  const float* gap;     // the linear gap, or gap_open
+  const float* extend;  // gap_extend (affine)
+  const float* t;
+  int64_t gap_step, extend_step, t_step;  // element strides: 0 where one value holds for the batch
+  void* scratch;  // sw_cuda_pair_values_bytes(B) bytes: each pair's constants, derived there before the sweep
+};
+int64_t sw_cuda_pair_values_bytes(int64_t B);
 int sw_cuda_rows_width();
 int64_t sw_cuda_rows_kept_floats(int64_t M);
 cudaError_t sw_cuda_rows_forward(const Problem& pr, const float* S, float* scores, int64_t* best_row, float* kept,
-                                 float* boundary, int* failed, double gap, double t, cudaStream_t stream);
+                                 float* boundary, int* failed, double gap, double t, cudaStream_t stream,
+                                 const PairValues* values = nullptr);
 cudaError_t sw_cuda_rows_backward(const Problem& pr, const float* grad_scores, const float* S, const float* kept,
                                   const int64_t* best_row, float* grad_S, float* sums, double gap, double t,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, const PairValues* values = nullptr);
 // Long pairs by tiles (long_pairs.cu): float32 dense S, in log space at t > 0, the exact max at t = 0; each pair's
 // DP cut into tiles of sw_cuda_long_tile_rows() x sw_cuda_long_tile_columns() cells, a warp a tile, one launch
 // per anti-diagonal of tiles (pr.order is not used). long_forward: scores (B,), best_at (B,) (the row-major index
@@ -147,15 +163,18 @@ cudaError_t sw_cuda_affine_backward_f64(const Problem& pr, const double* grad_sc
 // The affine gradient by rows, as the linear one (float, t > 0 in the shared form: |gap_open| log2(e) / t <=
 // 100, N <= sw_cuda_rows_width()): a kept row holds H and Y, sw_cuda_affine_rows_kept_floats(M) floats per
 // pair; *failed counts the pairs scored in log space instead (with boundary (B, M, 2) where N exceeds
-// sw_cuda_tile_columns(4)), whose gradient needs the state's path.
+// sw_cuda_tile_columns(4)), whose gradient needs the state's path. values: as the linear rows' (gap_open in
+// gap, gap_extend in extend).
 bool sw_cuda_affine_shared_form(double gap_open, double t);
 int64_t sw_cuda_affine_rows_kept_floats(int64_t M);
 cudaError_t sw_cuda_affine_rows_forward(const Problem& pr, const float* S, float* scores, int64_t* best_row,
                                         float* kept, float* boundary, int* failed, double gap_open,
-                                        double gap_extend, double t, cudaStream_t stream);
+                                        double gap_extend, double t, cudaStream_t stream,
+                                        const PairValues* values = nullptr);
 cudaError_t sw_cuda_affine_rows_backward(const Problem& pr, const float* grad_scores, const float* S,
                                          const float* kept, const int64_t* best_row, float* grad_S, float* sums,
-                                         double gap_open, double gap_extend, double t, cudaStream_t stream);
+                                         double gap_open, double gap_extend, double t, cudaStream_t stream,
+                                         const PairValues* values = nullptr);
 // Exact scores of one query against many targets at t = 0 with an integer matrix and integer gaps, in
 // 16-bit lanes with DPX instructions (search_s16.cu): query (M,) codes below K, targets (B, N) padded
 // codes with lengths tlen (B,) int64, table (K, K+1, K+1) 32-bit entries (S[q][a], S[q][b]) as int16

@@ -446,16 +446,50 @@ at::Tensor backward(const at::Tensor& grad_scores, const at::Tensor& S_in, const
 // Whether the gradient by rows (engine.h) takes this call: float32, t > 0, gap <= 0, N up to the rows'
 // width (any N: rows not 16-byte aligned go through a staging row in shared memory). The op sends a
 // call here only where it gains (ops._by_rows).
+bool rows_take_scores(const at::Tensor& S) {
+  return S.is_cuda() && S.dim() == 3 && S.scalar_type() == at::kFloat && S.size(2) <= sw_cuda_rows_width();
+}
 bool rows_take(const at::Tensor& S, double gap, double temperature) {
-  return S.is_cuda() && S.dim() == 3 && S.scalar_type() == at::kFloat && temperature > 0 && gap <= 0 &&
-         S.size(2) <= sw_cuda_rows_width();
+  return rows_take_scores(S) && temperature > 0 && gap <= 0;
+}
+
+// Gaps and temperature that the kernels read on the device (PairValues in engine.h), one a pair: (B,)
+// float32 tensors on the scores' device, any stride (0: an expanded 0-d tensor), and the scratch where
+// the kernels derive each pair's constants. The host never reads them: a launch does not wait for the
+// step that computed them.
+struct DeviceValues {
+  PairValues values{};
+  at::Tensor scratch;
+};
+
+DeviceValues device_values(const at::Tensor& S, const std::vector<std::pair<const char*, const at::Tensor*>>& named) {
+  const int64_t B = S.size(0);
+  for (const auto& [name, value] : named)
+    TORCH_CHECK(value->dim() == 1 && value->size(0) == B && value->scalar_type() == at::kFloat &&
+                    value->device() == S.device(),
+                std::string(name) + " must be a float32 tensor of shape (" + std::to_string(B) +
+                    ",) on the scores' device, one value per pair");
+  DeviceValues d;
+  auto step = [](const at::Tensor& v) { return v.size(0) > 1 ? v.stride(0) : int64_t(0); };
+  const at::Tensor& first = *named.front().second;
+  const at::Tensor& last = *named.back().second;
+  d.values.gap = first.data_ptr<float>(), d.values.gap_step = step(first);
+  d.values.t = last.data_ptr<float>(), d.values.t_step = step(last);
+  if (named.size() == 3) {
+    const at::Tensor& extend = *named[1].second;
+    d.values.extend = extend.data_ptr<float>(), d.values.extend_step = step(extend);
+  }
+  d.scratch = at::empty({std::max<int64_t>(sw_cuda_pair_values_bytes(B), 1)}, S.options().dtype(at::kByte));
+  d.values.scratch = d.scratch.data_ptr();
+  return d;
 }
 
 // (scores (B,), kept (B, kept floats), best_row (B,), failed (1,) int32): the forward of the gradient by rows
 // (engine.h). failed counts on the device the pairs that need the DP table's path instead.
 std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const std::optional<at::Tensor>& qlen,
-                                     const std::optional<at::Tensor>& tlen, double gap, double temperature) {
-  TORCH_CHECK(rows_take(S_in, gap, temperature),
+                                     const std::optional<at::Tensor>& tlen, double gap, double temperature,
+                                     const PairValues* values = nullptr) {
+  TORCH_CHECK(values ? rows_take_scores(S_in) : rows_take(S_in, gap, temperature),
               "the gradient by rows takes float32 CUDA scores (B, M, N) with N <= " +
                   std::to_string(sw_cuda_rows_width()) + ", t > 0 and gap <= 0");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
@@ -476,7 +510,7 @@ std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const std::optional
     SWCLI_CHECK_CUDA(sw_cuda_rows_forward(plan.pr, S.data_ptr<float>(), scores.data_ptr<float>(),
                                           best_row.data_ptr<int64_t>(), kept.data_ptr<float>(),
                                           ptr_or_null<float>(plan.boundary), failed.data_ptr<int>(), gap, temperature,
-                                          c10::cuda::getCurrentCUDAStream()),
+                                          c10::cuda::getCurrentCUDAStream(), values),
                      "forward by rows");
   }
   return {scores, kept, best_row, failed};
@@ -490,8 +524,9 @@ std::vector<at::Tensor> forward_rows(const at::Tensor& S_in, const std::optional
 at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
                          const at::Tensor& best_row, const at::Tensor& failed, const std::optional<at::Tensor>& qlen,
                          const std::optional<at::Tensor>& tlen, double gap, double temperature,
-                         const at::Tensor& sums) {
-  TORCH_CHECK(rows_take(S_in, gap, temperature), "the gradient by rows does not take these scores");
+                         const at::Tensor& sums, const PairValues* values = nullptr) {
+  TORCH_CHECK(values ? rows_take_scores(S_in) : rows_take(S_in, gap, temperature),
+              "the gradient by rows does not take these scores");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
   TORCH_CHECK(error.empty(), error);
@@ -508,7 +543,8 @@ at::Tensor backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, 
   if (failed.item<int>() != 0) return at::Tensor();
   SWCLI_CHECK_CUDA(sw_cuda_rows_backward(pr, grad.data_ptr<float>(), S.data_ptr<float>(), kept.data_ptr<float>(),
                                          best_row.data_ptr<int64_t>(), grad_S.data_ptr<float>(),
-                                         ptr_or_null<float>(sums), gap, temperature, c10::cuda::getCurrentCUDAStream()),
+                                         ptr_or_null<float>(sums), gap, temperature, c10::cuda::getCurrentCUDAStream(),
+                                         values),
                    "backward by rows");
   return grad_S;
 }
@@ -601,16 +637,15 @@ at::Tensor op_affine_scores(const at::Tensor& S, const std::optional<at::Tensor>
 // Whether the affine gradient by rows (engine.h) takes this call: float32, t > 0 in the shared form, N up
 // to the rows' width. The op sends a call here only where it gains (ops.gradient_by_rows).
 bool affine_rows_take(const at::Tensor& S, double gap_open, double temperature) {
-  return S.is_cuda() && S.dim() == 3 && S.scalar_type() == at::kFloat && temperature > 0 &&
-         sw_cuda_affine_shared_form(gap_open, temperature) &&
-         S.size(2) <= sw_cuda_rows_width();
+  return rows_take_scores(S) && temperature > 0 && sw_cuda_affine_shared_form(gap_open, temperature);
 }
 
 // (scores (B,), kept (B * kept floats), best_row (B,), failed (1,) int32) of the affine forward by rows.
 std::vector<at::Tensor> affine_forward_rows(const at::Tensor& S_in, const std::optional<at::Tensor>& qlen,
                                             const std::optional<at::Tensor>& tlen, double gap_open,
-                                            double gap_extend, double temperature) {
-  TORCH_CHECK(affine_rows_take(S_in, gap_open, temperature),
+                                            double gap_extend, double temperature,
+                                            const PairValues* values = nullptr) {
+  TORCH_CHECK(values ? rows_take_scores(S_in) : affine_rows_take(S_in, gap_open, temperature),
               "the affine gradient by rows takes float32 CUDA scores (B, M, N) with N <= " +
                   std::to_string(sw_cuda_rows_width()) + ", t > 0 and |gap_open| log2(e) / t <= 100");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
@@ -633,7 +668,7 @@ std::vector<at::Tensor> affine_forward_rows(const at::Tensor& S_in, const std::o
     SWCLI_CHECK_CUDA(sw_cuda_affine_rows_forward(pr, S.data_ptr<float>(), scores.data_ptr<float>(),
                                                  best_row.data_ptr<int64_t>(), kept.data_ptr<float>(),
                                                  ptr_or_null<float>(boundary), failed.data_ptr<int>(), gap_open,
-                                                 gap_extend, temperature, c10::cuda::getCurrentCUDAStream()),
+                                                 gap_extend, temperature, c10::cuda::getCurrentCUDAStream(), values),
                      "affine forward by rows");
   }
   return {scores, kept, best_row, failed};
@@ -644,8 +679,10 @@ std::vector<at::Tensor> affine_forward_rows(const at::Tensor& S_in, const std::o
 at::Tensor affine_backward_rows(const at::Tensor& grad_scores, const at::Tensor& S_in, const at::Tensor& kept,
                                 const at::Tensor& best_row, const at::Tensor& failed,
                                 const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
-                                double gap_open, double gap_extend, double temperature, const at::Tensor& sums) {
-  TORCH_CHECK(affine_rows_take(S_in, gap_open, temperature), "the affine gradient by rows does not take these scores");
+                                double gap_open, double gap_extend, double temperature, const at::Tensor& sums,
+                                const PairValues* values = nullptr) {
+  TORCH_CHECK(values ? rows_take_scores(S_in) : affine_rows_take(S_in, gap_open, temperature),
+              "the affine gradient by rows does not take these scores");
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), 0, false);
   TORCH_CHECK(error.empty(), error);
@@ -663,7 +700,7 @@ at::Tensor affine_backward_rows(const at::Tensor& grad_scores, const at::Tensor&
   SWCLI_CHECK_CUDA(sw_cuda_affine_rows_backward(pr, grad.data_ptr<float>(), S.data_ptr<float>(),
                                                 kept.data_ptr<float>(), best_row.data_ptr<int64_t>(),
                                                 grad_S.data_ptr<float>(), ptr_or_null<float>(sums), gap_open,
-                                                gap_extend, temperature, c10::cuda::getCurrentCUDAStream()),
+                                                gap_extend, temperature, c10::cuda::getCurrentCUDAStream(), values),
                    "affine backward by rows");
   return grad_S;
 }
@@ -1061,9 +1098,67 @@ std::tuple<at::Tensor, at::Tensor> op_backward_parameters(
   return {grad_S, sums};
 }
 
+// The gradient by rows with the gaps and t read on the device (ops.py: _RowsPerPair), for a learned gap or
+// temperature: the forward (scores, kept, best_row, failed) and the backward (grad_S, sums) of the call's
+// operators without a host copy of the values. Where the forward counted a failed pair (the rows could
+// not hold it, its values are outside the rows' rules, or not valid) grad_S is a (0,) tensor: the caller
+// then reads the values, checks them and takes the DP table's path by groups.
+using ForwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+ForwardOutputs op_forward_per_pair(const at::Tensor& S, const std::optional<at::Tensor>& qlen,
+                                   const std::optional<at::Tensor>& tlen, const at::Tensor& gap,
+                                   const at::Tensor& temperature) {
+  TORCH_CHECK(rows_take_scores(S), "forward_per_pair takes float32 CUDA scores (B, M, N) with N <= " +
+                                       std::to_string(sw_cuda_rows_width()));
+  const DeviceValues d = device_values(S, {{"gap", &gap}, {"temperature", &temperature}});
+  const std::vector<at::Tensor> out = forward_rows(S, qlen, tlen, 0.0, 1.0, &d.values);
+  return {out[0], out[1].view({-1}), out[2], out[3]};  // the state flat, as op_forward's
+}
+
+std::tuple<at::Tensor, at::Tensor> op_backward_parameters_per_pair(
+    const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state, const at::Tensor& best,
+    const at::Tensor& failed, const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
+    const at::Tensor& gap, const at::Tensor& temperature) {
+  TORCH_CHECK(rows_take_scores(S), "backward_parameters_per_pair takes the scores of forward_per_pair");
+  const DeviceValues d = device_values(S, {{"gap", &gap}, {"temperature", &temperature}});
+  const int64_t B = S.size(0), M = S.size(1);
+  at::Tensor sums = zeroed_sums(S, 2);
+  at::Tensor grad_S = backward_rows(grad_scores, S, state.view({B, sw_cuda_rows_kept_floats(M)}), best, failed, qlen,
+                                    tlen, 0.0, 1.0, sums, &d.values);
+  return {grad_S.defined() ? grad_S : at::empty({0}, S.options()), sums};
+}
+
+ForwardOutputs op_affine_forward_per_pair(const at::Tensor& S, const std::optional<at::Tensor>& qlen,
+                                          const std::optional<at::Tensor>& tlen, const at::Tensor& gap_open,
+                                          const at::Tensor& gap_extend, const at::Tensor& temperature) {
+  TORCH_CHECK(rows_take_scores(S), "affine_forward_per_pair takes float32 CUDA scores (B, M, N) with N <= " +
+                                       std::to_string(sw_cuda_rows_width()));
+  const DeviceValues d =
+      device_values(S, {{"gap_open", &gap_open}, {"gap_extend", &gap_extend}, {"temperature", &temperature}});
+  const std::vector<at::Tensor> out = affine_forward_rows(S, qlen, tlen, -1.0, -1.0, 1.0, &d.values);
+  return {out[0], out[1], out[2], out[3]};
+}
+
+std::tuple<at::Tensor, at::Tensor> op_affine_backward_parameters_per_pair(
+    const at::Tensor& grad_scores, const at::Tensor& S, const at::Tensor& state, const at::Tensor& best,
+    const at::Tensor& failed, const std::optional<at::Tensor>& qlen, const std::optional<at::Tensor>& tlen,
+    const at::Tensor& gap_open, const at::Tensor& gap_extend, const at::Tensor& temperature) {
+  TORCH_CHECK(rows_take_scores(S), "affine_backward_parameters_per_pair takes the scores of affine_forward_per_pair");
+  const DeviceValues d =
+      device_values(S, {{"gap_open", &gap_open}, {"gap_extend", &gap_extend}, {"temperature", &temperature}});
+  at::Tensor sums = zeroed_sums(S, 3);
+  at::Tensor grad_S = affine_backward_rows(grad_scores, S, state, best, failed, qlen, tlen, -1.0, -1.0, 1.0, sums,
+                                           &d.values);
+  return {grad_S.defined() ? grad_S : at::empty({0}, S.options()), sums};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(swcli, CUDA, m) {
+  m.impl("forward_per_pair", &op_forward_per_pair);
+  m.impl("backward_parameters_per_pair", &op_backward_parameters_per_pair);
+  m.impl("affine_forward_per_pair", &op_affine_forward_per_pair);
+  m.impl("affine_backward_parameters_per_pair", &op_affine_backward_parameters_per_pair);
   m.impl("scores", &op_scores);
   m.impl("scores_counted", &op_scores_counted);
   m.impl("scores_codes", &op_scores_codes);

@@ -52,6 +52,60 @@ struct RowConsts {
   float Gpow[kRowCols];  // G^1 .. G^8
 };
 
+// What the forward by rows does with a pair, by its values: the rows (kRowsHold), the log-space sweep
+// (kRowsSoft), the exact sweep (kRowsHard, t = 0) or nothing (kRowsInvalid: NaN); all but the first are
+// counted in *failed.
+enum RowsCase { kRowsHold = 0, kRowsSoft = 1, kRowsHard = 2, kRowsInvalid = 3 };
+
+// A pair's constants and case where the call reads its values on the device (PairValues, engine.h),
+// derived by derive_pair_values before the sweep: the sweeps load them (one load a warp) instead of
+// deriving them in double beside their own registers.
+template <class K>
+struct PairItem {
+  K k;
+  int rows_case;
+};
+inline constexpr int64_t kPairItemBytes = 32;  // the largest item (affine), rounded up
+
+// The pair's values in double, as the host holds numbers: the constants come from the same consts.
+struct PairRead {
+  double gap, extend, t;
+};
+__device__ __forceinline__ PairRead read_values(const PairValues& v, int64_t b) {
+  return {double(v.gap[b * v.gap_step]), v.extend ? double(v.extend[b * v.extend_step]) : 0.0,
+          double(v.t[b * v.t_step])};
+}
+
+// One thread a pair: Derive::of(PairRead) -> PairItem<K>, into values.scratch.
+template <class K, class Derive>
+__global__ void derive_pair_values(PairValues values, int64_t B) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b < B) static_cast<PairItem<K>*>(values.scratch)[b] = Derive::of(read_values(values, b));
+}
+
+// The pairs' items where the call reads its values on the device (else null), derived first.
+template <class K, class Derive>
+const PairItem<K>* pair_items(const PairValues* values, int64_t B, cudaStream_t stream, cudaError_t& err) {
+  static_assert(sizeof(PairItem<K>) <= kPairItemBytes, "an item fits its bytes");
+  if (!values) return nullptr;
+  derive_pair_values<K, Derive><<<unsigned((B + 255) / 256), 256, 0, stream>>>(*values, B);
+  err = cudaGetLastError();
+  return static_cast<const PairItem<K>*>(values->scratch);
+}
+
+// The rules of the linear gradient by rows (rows_take in ops.cpp: t > 0, gap <= 0) and of any call.
+__device__ __forceinline__ RowsCase linear_rows_case(double gap, double t) {
+  if (!(isfinite(gap) && isfinite(t) && t >= 0)) return kRowsInvalid;
+  if (t == 0) return kRowsHard;
+  return gap <= 0 ? kRowsHold : kRowsSoft;
+}
+
+struct LinearDerive {
+  __device__ static PairItem<Consts<float>> of(const PairRead& v) {
+    return {consts<float>(v.gap, v.t), linear_rows_case(v.gap, v.t)};
+  }
+};
+
 __device__ __forceinline__ float rcp_(float x) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
