@@ -33,8 +33,14 @@ The operators (one schema each, CPU kernels in kernels/cpu, CUDA kernels in kern
   are here (_scores_per_pair_by_groups, _posterior_per_pair_by_groups): its operators with numbers, run
   once per group of pairs with equal values. In eager mode soft_smith_waterman takes neither for a
   gradient: it runs forward and, at backward time, backward_parameters (_ParametersWithGradient).
+* forward_per_pair, backward_parameters_per_pair, affine_forward_per_pair,
+  affine_backward_parameters_per_pair (CUDA only): the gradient by rows with the (B,) values read by the
+  kernels on the device, which soft_smith_waterman takes in eager mode where the rows take the scores
+  (_RowsPerPair): no copy of the values to the host before the forward.
 
-Each has a fake kernel, so torch.compile, torch.export and meta tensors see one op with known shapes.
+Each has a fake kernel, so torch.compile, torch.export and meta tensors see one op with known shapes
+(but for backward_parameters_per_pair's gradient where the forward counted a failed pair: a (0,) tensor,
+which only eager calls meet).
 The keyword-only arguments are the engines' knobs for tests and tools: lane_columns (CUDA: columns per
 lane, 0 = chosen by batch size; the dense linear operators also take LANE_COLUMNS_TILES, -1: each pair's DP in
 tiles swept by many warps, which 0 chooses for long pairs in small batches, kernels/cuda/long_pairs.cu) and
@@ -498,6 +504,7 @@ def _affine_forward_per_pair_fake(S, query_lengths, target_lengths, gap_open, ga
 @torch.library.register_fake("swcli::backward_parameters_per_pair")
 def _backward_parameters_per_pair_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap,
                                        temperature):
+    # the gradient's shape where no pair failed: the (0,) tensor of a failed count is the eager path's alone
     return S.new_empty(S.shape), S.new_empty(2, S.shape[0])
 
 
@@ -679,15 +686,16 @@ def _by_groups(S, qlen, tlen, groups, run):
                                                 for index, key in groups))
 
 
-def _forward_keeping_state(S, qlen, tlen, key):
+def _forward_keeping_state(S, qlen, tlen, key, rows: bool = True):
     """(scores, state, best, failed, by_rows): the engine's forward that keeps what its backward reads, with
-    the values of `key`, (gap, temperature) or (gap_open, gap_extend, temperature), by rows where faster."""
+    the values of `key`, (gap, temperature) or (gap_open, gap_extend, temperature), by rows where faster
+    (and `rows`)."""
     *gaps, temperature = key
     lengths = qlen is not None or tlen is not None
     if len(gaps) == 1:
-        by_rows = gradient_by_rows(S, lengths, gaps[0], temperature)
+        by_rows = rows and gradient_by_rows(S, lengths, gaps[0], temperature)
         return (*_forward(S, qlen, tlen, gaps[0], temperature, by_rows), by_rows)
-    by_rows = affine_gradient_by_rows(S, lengths, gaps[0], temperature)
+    by_rows = rows and affine_gradient_by_rows(S, lengths, gaps[0], temperature)
     return (*_affine_forward(S, qlen, tlen, *gaps, temperature, by_rows), by_rows)
 
 
@@ -750,13 +758,22 @@ class _ParametersWithGradient(torch.autograd.Function):
         return grad_S, None, None, None, *grad_gaps, grad_t
 
 
-def _rows_per_pair_take(S: torch.Tensor, lengths: bool, affine: bool) -> bool:
+def _rows_per_pair_take(S: torch.Tensor, lengths: bool, known) -> bool:
     """Whether a differentiable call with tensor gaps or temperature goes by rows with the values read on
-    the device (_RowsPerPair): where the gradient by rows takes the scores whatever the values are
-    (gradient_by_rows, affine_gradient_by_rows), in eager mode, for a batch of pairs."""
-    narrowest = 0 if affine else ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
-    return (S.shape[0] > 0 and _rows_allowed(S, 1.0, narrowest) and not _in_functorch()
-            and torch._guards.detect_fake_mode(S) is None)
+    the device (_RowsPerPair): where the gradient by rows takes the scores (gradient_by_rows,
+    affine_gradient_by_rows; an empty M or N launches no kernel, so nothing would check the values), in
+    eager mode, and the numbers among the values (known: the gaps' and t's, None for a tensor) do not
+    send every pair off the rows (t = 0, a linear gap > 0, affine gaps past the shared form)."""
+    *gaps, t = known
+    narrowest = 0 if len(gaps) == 2 else ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
+    if not (S.shape[0] > 0 and S.shape[1] > 0 and S.shape[2] > 0 and _rows_allowed(S, 1.0, narrowest)
+            and not _in_functorch() and torch._guards.detect_fake_mode(S) is None):
+        return False
+    if t is not None and not t > 0:
+        return False
+    if len(gaps) == 1:
+        return gaps[0] is None or gaps[0] <= 0
+    return gaps[0] is None or t is None or affine_gradient_by_rows(S, lengths, gaps[0], t)
 
 
 class _RowsPerPair(torch.autograd.Function):
@@ -798,7 +815,7 @@ class _RowsPerPair(torch.autograd.Function):
 def _grouped_gradient(grad_scores, S, qlen, tlen, values, temperature_needs_grad: bool):
     """(grad_S, sums (k, B)) of the engine's backward with the parameters' sums, by groups of pairs with equal
     values: the values read to the host and checked (_check_per_pair_values), each group's forward that
-    keeps the state, then its backward."""
+    keeps the DP table (the rows failed some pair of the batch: not tried again), then its backward."""
     host = _host_values(values, [None] * len(values), S.dtype)
     names = ("gap",) if len(values) == 2 else ("gap_open", "gap_extend")
     _check_per_pair_values(names, host, needs_positive_temperature=temperature_needs_grad)
@@ -806,7 +823,7 @@ def _grouped_gradient(grad_scores, S, qlen, tlen, values, temperature_needs_grad
     def part(index, key):
         s, q, t = (S, qlen, tlen) if index is None else _select_pairs(index, S, qlen, tlen)
         g = grad_scores if index is None else grad_scores.index_select(0, index)
-        _, state, best, failed, by_rows = _forward_keeping_state(s, q, t, key)
+        _, state, best, failed, by_rows = _forward_keeping_state(s, q, t, key, rows=False)
         grad, sums = _backward_with_sums(g, s, q, t, key, state, best, failed, by_rows)
         return grad, sums.T
 
@@ -1313,9 +1330,11 @@ def _check_per_pair_values(names, host: torch.Tensor, needs_positive_temperature
 def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_posterior: bool):
     """(scores, posterior or None) where a gap or the temperature is a tensor (or a torch.func transform is
     active): differentiable in S, the gaps and the temperature. In eager mode the engine's forward that keeps
-    its state, and its backward with the sums the gaps and the temperature take, at backward time
-    (_ParametersWithGradient); with return_posterior, under torch.func transforms and in captured graphs the
-    posterior operators, whose backward is a scaling of what they return."""
+    its state, and its backward with the sums the gaps and the temperature take, at backward time: by rows
+    with the values read on the device where the rows take the scores (_RowsPerPair), else by groups of
+    equal values read to the host (_ParametersWithGradient); with return_posterior, under torch.func
+    transforms and in captured graphs the posterior operators, whose backward is a scaling of what they
+    return."""
     if backend == "reference":
         _per_pair_parameters(S, gaps, temperature)  # their checks, as for the engines
         if return_posterior:
@@ -1328,7 +1347,7 @@ def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_post
     values, known = _per_pair_values(S, gaps, temperature)
     differentiable = torch.is_grad_enabled() and (S.requires_grad or any(v.requires_grad for v in values))
     if differentiable and not return_posterior and _rows_per_pair_take(S, qlen is not None or tlen is not None,
-                                                                       len(gaps) == 2):
+                                                                       known):
         return _RowsPerPair.apply(S, qlen, tlen, *values), None
     host = _read_per_pair_values(S, values, known, temperature)
     if not (return_posterior or differentiable or torch.jit.is_tracing()):

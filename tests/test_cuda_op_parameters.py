@@ -419,28 +419,78 @@ def test_values_read_on_the_device_match_the_groups_and_are_never_copied(kind, w
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_values_read_on_the_device_outside_the_rows_match_the_cpu_engine(kind):
+@pytest.mark.parametrize("t_grad", [False, True])
+def test_values_read_on_the_device_outside_the_rows_match_the_cpu_engine(kind, t_grad):
     """Pairs whose values the rows do not take (t = 0, a gap > 0, affine gaps past the shared form) are
     scored in the forward by the sweep they need and counted; the backward takes the DP table's path by
-    groups. Scores and gradients as the CPU engine's (float64)."""
+    groups, the temperature's gradient included where it requires grad (then no pair at t = 0). Scores and
+    gradients as the CPU engine's (float64)."""
     S, gaps, t, qlen, tlen, grad_out = device_rows_batch(kind, 13100)
     t = t.detach().clone()
-    t[1] = 0.0  # the exact sweep
+    if not t_grad:
+        t[1] = 0.0  # the exact sweep
     t[4] = 0.02  # affine: |gap_open| log2(e) / t past 100, the separate form; linear: the rows still
+    t.requires_grad_(t_grad)
     if kind == "linear":
         gaps["gap"].data[6] = 0.3  # a gap > 0: log space
     _, state, best, failed = torch.ops.swcli.forward_per_pair(S, None, None, gaps["gap"], t) if kind == "linear" \
         else torch.ops.swcli.affine_forward_per_pair(S, None, None, gaps["gap_open"], gaps["gap_extend"], t)
-    assert failed.item() >= 2  # (linear at t = 0.02 may leave the scaled range too)
+    assert failed.item() >= (1 if t_grad else 2)  # (linear at t = 0.02 may leave the scaled range too)
     scores, got = parameter_gradients(S, gaps, t, qlen, tlen, grad_out)
     exact_scores, exact = parameter_gradients(*on("cpu", torch.float64, S, gaps, t, None, None),
                                               grad_out.double().cpu(), backend="cpu")
     single_scores, single = parameter_gradients(*on("cpu", torch.float32, S, gaps, t, None, None),
                                                 grad_out.cpu(), backend="cpu")
-    assert set(got) == set(exact) == {"S", *gaps}
+    assert set(got) == set(exact) == {"S", *gaps} | ({"temperature"} if t_grad else set())
     torch.testing.assert_close(scores.double().cpu(), exact_scores, rtol=1e-5, atol=1e-4)  # float32 sums
     for name in exact:
         assert_float32_close({k: v.cpu() for k, v in got.items()}, exact, single, name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_values_read_on_the_device_at_any_stride(kind):
+    """(B,) values with a stride of 2 and 0-d values (expanded: stride 0) are read where they are."""
+    S, gaps, t, qlen, tlen, grad_out = device_rows_batch(kind, 13150)
+    # columns of (B, 2) leaves: views of stride 2, taken as they are (parameter_gradients would clone them)
+    bases = {name: torch.stack([value.detach(), torch.full_like(value, 7.0)], 1).requires_grad_()
+             for name, value in gaps.items()}
+    strided = {name: base[:, 0] for name, base in bases.items()}
+    assert all(value.stride(0) == 2 for value in strided.values())
+    S_in, t_in = S.detach().clone().requires_grad_(), t.detach().clone().requires_grad_()
+    scores = ssw(S_in, temperature=t_in, **strided)
+    grads = torch.autograd.grad((scores * grad_out).sum(), [S_in, t_in, *bases.values()])
+    same_scores, same = parameter_gradients(S, gaps, t, qlen, tlen, grad_out)
+    assert torch.equal(scores.detach(), same_scores)
+    assert torch.equal(grads[0], same["S"]) and torch.equal(grads[1], same["temperature"])
+    for grad, name in zip(grads[2:], bases):
+        assert torch.equal(grad[:, 0], same[name]) and (grad[:, 1] == 0).all()
+    zero_d = {name: value.detach()[2].clone().requires_grad_() for name, value in gaps.items()}
+    t0 = t.detach()[2].clone().requires_grad_()
+    scores, got = parameter_gradients(S, zero_d, t0, qlen, tlen, grad_out)
+    full = {name: value.detach().expand(10).contiguous().requires_grad_() for name, value in zero_d.items()}
+    full_scores, full_got = parameter_gradients(S, full, t0.detach().expand(10).contiguous().requires_grad_(), qlen,
+                                                tlen, grad_out)
+    assert torch.equal(scores, full_scores) and torch.equal(got["S"], full_got["S"])
+    for name in zero_d:
+        torch.testing.assert_close(got[name], full_got[name].sum(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_values_the_numbers_send_off_the_rows_take_the_groups(kind):
+    """Where the numbers given already put every pair off the rows (t = 0; a linear gap > 0; affine gaps
+    past the shared form), or M is 0, the values are read to the host: the path by groups, checked first."""
+    S = random_scores((6, 40, 200), seed=13170, dtype=torch.float32, device="cuda").requires_grad_()
+    tensor = torch.full((6,), -1.0, device="cuda", requires_grad=True)
+    calls = ([dict(gap=tensor, temperature=0.0), dict(gap=0.5, temperature=tensor.detach().abs())]
+             if kind == "linear" else
+             [dict(gap_open=-2.0, gap_extend=tensor, temperature=0.0),
+              dict(gap_open=-30.0, gap_extend=tensor, temperature=0.2)])
+    for call in calls:
+        assert type(ssw(S, **call).grad_fn).__name__ == "_ParametersWithGradientBackward"
+    bad = torch.tensor([-1.0, float("nan"), -1.0, -1.0], device="cuda", requires_grad=True)
+    empty = torch.zeros(4, 0, 200, device="cuda", requires_grad=True)
+    with pytest.raises(ValueError, match="pair 1 has"):
+        ssw(empty, bad, 1.0) if kind == "linear" else ssw(empty, gap_open=bad - 1, gap_extend=bad, temperature=1.0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
