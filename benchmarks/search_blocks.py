@@ -6,12 +6,19 @@ also at the kernel's tile classes once a block fills the GPU FILL_WAVES times (b
 (the soft kernel, blocks by cells alone): queries longer than SoftSearch.MAX_QUERY take the op's sweep,
 for several limits (none: the kernel takes every query).
 
+Each of these for every block size (--max-cells: padded target residues a block, Searcher's max_cells):
+a launch per block and query, whose last wave of warps leaves SMs idle, so fewer and larger blocks leave
+less idle; since each warp takes the columns its own targets need, a larger block costs memory (its codes
+padded to its widest target), not sweeps. --soft-waves cuts the soft kernel's blocks at its tile classes
+too (SoftSearch.FILL_WAVES; none: by cells alone).
+
 For each setting: the blocks, the padded cells over the cells (what the tiles sweep, were the kernel to
 take every block), and the CUDA-event time of the scoring calls over the 20 queries (Searcher.step, as
 the search runs them; the second of two passes).
 
     python3 benchmarks/search_blocks.py QUERIES.fasta DB.fasta [--gaps linear|affine] [--waves 0 1 2]
-                                        [--max-queries 1000 0]   (0: no limit)
+                                        [--max-queries 1000 0] [--max-cells 16777216 67108864]
+                                        [--soft-waves none 1]   (max-queries 0: no limit)
 """
 
 from __future__ import annotations
@@ -73,7 +80,11 @@ def main(argv=None) -> int:
     parser.add_argument("--gaps", choices=("linear", "affine"), default="linear")
     parser.add_argument("--waves", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0])
     parser.add_argument("--max-queries", type=int, nargs="*", default=[1000, 2000, 0])
+    parser.add_argument("--max-cells", type=int, nargs="*", default=[1 << 24])
+    parser.add_argument("--soft-waves", nargs="*", default=["none"],
+                        help="SoftSearch.FILL_WAVES for the t = 1 settings: a number, or none (by cells alone)")
     args = parser.parse_args(argv)
+    soft_waves = [None if w == "none" else float(w) for w in args.soft_waves]
 
     from swcli import database
     from swcli.fasta import read_fasta
@@ -89,25 +100,30 @@ def main(argv=None) -> int:
     gaps = ({"gap": -4.0} if args.gaps == "linear" else {"gap": None, "gap_open": -11.0, "gap_extend": -1.0})
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {len(queries)} queries against "
           f"{len(db):,} sequences ({int(db.lengths.sum()):,} residues), BLOSUM62, gaps {args.gaps}")
-    print("| t | setting | blocks | padded / cells | kernel time | kernel GCUPS |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: |")
-    chosen = ExactSearch.FILL_WAVES, dict(SoftSearch.MAX_QUERY)
-    settings = [(0.0, waves, None) for waves in [math.inf, *args.waves]]
-    settings += [(1.0, None, limit) for limit in args.max_queries]
-    for t, waves, limit in settings:
-        if waves is not None:
-            ExactSearch.FILL_WAVES = 1e9 if waves == math.inf else waves
-            label = "blocks by cells alone" if waves == math.inf else f"cut at classes, fill {waves:g}"
-        else:
-            SoftSearch.MAX_QUERY = {False: limit or None, True: limit or None}
-            label = f"soft kernel for queries up to {limit:,} residues" if limit else "soft kernel for every query"
-        searcher = Searcher(db, matrix.tensor(device=device), gaps.get("gap"), t, 10, "cuda", device,
-                            gap_open=gaps.get("gap_open"), gap_extend=gaps.get("gap_extend"))
-        swept, cells = padded_cells(searcher, [len(q) for q in queries])
-        seconds = kernel_seconds(searcher, queries)
-        print(f"| {t:g} | {label} | {len(searcher.bounds)} | {swept / cells:.3f} | {seconds:.3f} s | "
-              f"{cells / seconds / 1e9:,.1f} |", flush=True)
-        ExactSearch.FILL_WAVES, SoftSearch.MAX_QUERY = chosen[0], dict(chosen[1])
+    print("| t | max cells | setting | blocks | padded / cells | kernel time | kernel GCUPS |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    chosen = ExactSearch.FILL_WAVES, dict(SoftSearch.MAX_QUERY), SoftSearch.FILL_WAVES
+    settings = [(0.0, waves, None, None) for waves in [math.inf, *args.waves]]
+    settings += [(1.0, None, limit, fill) for fill in soft_waves for limit in args.max_queries]
+    for max_cells in args.max_cells:
+        for t, waves, limit, fill in settings:
+            if waves is not None:
+                ExactSearch.FILL_WAVES = 1e9 if waves == math.inf else waves
+                label = "blocks by cells alone" if waves == math.inf else f"cut at classes, fill {waves:g}"
+            else:
+                SoftSearch.MAX_QUERY = {False: limit or None, True: limit or None}
+                SoftSearch.FILL_WAVES = fill
+                label = (f"soft kernel for queries up to {limit:,} residues" if limit else
+                         "soft kernel for every query")
+                label += ", blocks by cells alone" if fill is None else f", cut at classes, fill {fill:g}"
+            searcher = Searcher(db, matrix.tensor(device=device), gaps.get("gap"), t, 10, "cuda", device, max_cells,
+                                gap_open=gaps.get("gap_open"), gap_extend=gaps.get("gap_extend"))
+            swept, cells = padded_cells(searcher, [len(q) for q in queries])
+            seconds = kernel_seconds(searcher, queries)
+            print(f"| {t:g} | {max_cells:,} | {label} | {len(searcher.bounds)} | {swept / cells:.3f} | "
+                  f"{seconds:.3f} s | {cells / seconds / 1e9:,.1f} |", flush=True)
+            ExactSearch.FILL_WAVES, SoftSearch.MAX_QUERY, SoftSearch.FILL_WAVES = (chosen[0], dict(chosen[1]),
+                                                                                   chosen[2])
     return 0
 
 
