@@ -1,24 +1,29 @@
 """How the search cuts its database into blocks and which blocks its kernels take, measured: the
 scoring time of CUDASW++4.0's 20 queries against a database.
 
-At t = 0 (the exact kernel): blocks cut by cells alone (every target pays its block's widest tile), or
-also at the kernel's tile classes once a block fills the GPU FILL_WAVES times (block_bounds). At t = 1
+At t = 0 (the exact kernel): blocks cut by cells alone (every target takes the lanes a group of its
+block's widest), or also at the kernel's tile classes once a block fills the GPU FILL_WAVES times
+(block_bounds). At t = 1
 (the soft kernel, blocks by cells alone): queries longer than SoftSearch.MAX_QUERY take the op's sweep,
 for several limits (none: the kernel takes every query).
 
 Each of these for every block size (--max-cells: padded target residues a block, Searcher's max_cells):
 a launch per block and query, whose last wave of warps leaves SMs idle, so fewer and larger blocks leave
 less idle; since each warp takes the columns its own targets need, a larger block costs memory (its codes
-padded to its widest target), not sweeps. --soft-waves cuts the soft kernel's blocks at its tile classes
-too (SoftSearch.FILL_WAVES; none: by cells alone).
+padded to its widest target) and, where it spans tile classes, its narrower targets' lanes, not columns. --soft-waves cuts the soft kernel's blocks at its tile classes
+too (SoftSearch.FILL_WAVES; none: by cells alone). --soft-drops sets how far below its upper limit U a
+rescaled segment of the soft kernel lands (SoftSearch.DROP, in bits: the larger, the fewer rescales where
+the sums grow along the query, as far as the plan's floor allows; where it does not, the op's sweep takes
+the search, which the row says).
 
 For each setting: the blocks, the padded cells over the cells (what the tiles sweep, were the kernel to
 take every block), and the CUDA-event time of the scoring calls over the 20 queries (Searcher.step, as
-the search runs them; the second of two passes).
+the search runs them; the second of two passes), and the pairs a search kernel flagged and the general op
+scored again (both passes; their time is in the kernel time).
 
     python3 benchmarks/search_blocks.py QUERIES.fasta DB.fasta [--gaps linear|affine] [--waves 0 1 2]
                                         [--max-queries 1000 0] [--max-cells 16777216 67108864]
-                                        [--soft-waves none 1]   (max-queries 0: no limit)
+                                        [--soft-waves none 1] [--soft-drops 24 40]   (max-queries 0: no limit)
 """
 
 from __future__ import annotations
@@ -83,6 +88,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-cells", type=int, nargs="*", default=[1 << 24])
     parser.add_argument("--soft-waves", nargs="*", default=["none"],
                         help="SoftSearch.FILL_WAVES for the t = 1 settings: a number, or none (by cells alone)")
+    parser.add_argument("--soft-drops", type=int, nargs="*", default=None,
+                        help="SoftSearch.DROP for the t = 1 settings (default: the class's)")
     args = parser.parse_args(argv)
     soft_waves = [None if w == "none" else float(w) for w in args.soft_waves]
 
@@ -100,30 +107,34 @@ def main(argv=None) -> int:
     gaps = ({"gap": -4.0} if args.gaps == "linear" else {"gap": None, "gap_open": -11.0, "gap_extend": -1.0})
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {len(queries)} queries against "
           f"{len(db):,} sequences ({int(db.lengths.sum()):,} residues), BLOSUM62, gaps {args.gaps}")
-    print("| t | max cells | setting | blocks | padded / cells | kernel time | kernel GCUPS |")
-    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
-    chosen = ExactSearch.FILL_WAVES, dict(SoftSearch.MAX_QUERY), SoftSearch.FILL_WAVES
-    settings = [(0.0, waves, None, None) for waves in [math.inf, *args.waves]]
-    settings += [(1.0, None, limit, fill) for fill in soft_waves for limit in args.max_queries]
+    print("| t | max cells | setting | blocks | padded / cells | kernel time | kernel GCUPS | pairs scored again |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    chosen = ExactSearch.FILL_WAVES, dict(SoftSearch.MAX_QUERY), SoftSearch.FILL_WAVES, SoftSearch.DROP
+    drops = args.soft_drops or [SoftSearch.DROP]
+    settings = [(0.0, waves, None, None, None) for waves in [math.inf, *args.waves]]
+    settings += [(1.0, None, limit, fill, drop) for drop in drops for fill in soft_waves for limit in args.max_queries]
     for max_cells in args.max_cells:
-        for t, waves, limit, fill in settings:
+        for t, waves, limit, fill, drop in settings:
             if waves is not None:
                 ExactSearch.FILL_WAVES = 1e9 if waves == math.inf else waves
                 label = "blocks by cells alone" if waves == math.inf else f"cut at classes, fill {waves:g}"
             else:
                 SoftSearch.MAX_QUERY = {False: limit or None, True: limit or None}
-                SoftSearch.FILL_WAVES = fill
+                SoftSearch.FILL_WAVES, SoftSearch.DROP = fill, drop
                 label = (f"soft kernel for queries up to {limit:,} residues" if limit else
                          "soft kernel for every query")
                 label += ", blocks by cells alone" if fill is None else f", cut at classes, fill {fill:g}"
+                label += f", drop {drop}"
             searcher = Searcher(db, matrix.tensor(device=device), gaps.get("gap"), t, 10, "cuda", device, max_cells,
                                 gap_open=gaps.get("gap_open"), gap_extend=gaps.get("gap_extend"))
+            if t > 0 and searcher.soft is None:
+                label += " (refused by the plan: the op's sweep)"
             swept, cells = padded_cells(searcher, [len(q) for q in queries])
             seconds = kernel_seconds(searcher, queries)
             print(f"| {t:g} | {max_cells:,} | {label} | {len(searcher.bounds)} | {swept / cells:.3f} | "
-                  f"{seconds:.3f} s | {cells / seconds / 1e9:,.1f} |", flush=True)
-            ExactSearch.FILL_WAVES, SoftSearch.MAX_QUERY, SoftSearch.FILL_WAVES = (chosen[0], dict(chosen[1]),
-                                                                                   chosen[2])
+                  f"{seconds:.3f} s | {cells / seconds / 1e9:,.1f} | {searcher.rescored:,} |", flush=True)
+            ExactSearch.FILL_WAVES, SoftSearch.MAX_QUERY = chosen[0], dict(chosen[1])
+            SoftSearch.FILL_WAVES, SoftSearch.DROP = chosen[2], chosen[3]
     return 0
 
 

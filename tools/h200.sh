@@ -30,7 +30,8 @@
 #                against make-db's database, linear -4 and affine -11/-1; about 2 minutes with make-db
 #     search-sizes  the same search's scoring time by block size (benchmarks/search_blocks.py --max-cells: 2^24,
 #                2^26 and 2^28 padded target residues a block), the exact kernel and the soft one (its blocks by cells
-#                alone or cut at its classes), gap -4; about 3 minutes with make-db
+#                alone or cut at its classes; its rescaled segments 24 or 40 bits below U), gap -4; about 3 minutes
+#                with make-db
 #     soft-search  the soft search kernel block by block (benchmarks/search_soft.py): GCUPS per tile shape at t = 1
 #                beside the general op (and the exact kernel at t = 0), flagged pairs, error against float64; gap -4
 #                and -11/-1; about 2 minutes
@@ -276,7 +277,8 @@ rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), ${E2E_PAIRS:-1000000}
       [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }
       [ -f /tmp/search_db.fasta ] || python3 .peer/tools/make-db /tmp/search_db.fasta
       timeout 400 python3 benchmarks/search_blocks.py .peer/cudasw4/allqueries.fasta /tmp/search_db.fasta --gaps linear \
-        --waves 1 --max-queries 1000 0 --max-cells 16777216 67108864 268435456 --soft-waves none 1 2>&1 \
+        --waves 1 --max-queries 1000 0 --max-cells 16777216 67108864 268435456 --soft-waves none 1 \
+        --soft-drops 24 40 2>&1 \
         | tee "$OUT/search_sizes.txt" ;;
     search-blocks)
       [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }
