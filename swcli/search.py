@@ -247,7 +247,7 @@ class ExactSearch:
     whose scores (the matrix's smallest, at most 0) never raise a best cell."""
 
     LARGEST = 1000  # the largest |score| and |gap| taken: far from the int16 range, so overflow is a long run
-    # The kernel's launch classes (kLinearShapes, kAffineShapes in search_s16.cu): G lanes hold two targets,
+    # The kernel's launch classes (launch_lanes in common.cuh, at kMaxColumns of search_s16.cu): G lanes hold two targets,
     # at most R columns a lane (each warp takes the columns its own targets need); 2 blocks of 256 threads
     # an SM (its launch bounds).
     SHAPES = {False: ((8, 32), (16, 32), (32, 32)), True: ((8, 28), (16, 28), (32, 28))}
@@ -306,7 +306,7 @@ class SoftSearch:
     allows (plan's spread: such pairs would all be flagged and scored again)."""
 
     SEGMENT = 8  # columns a scale (the kernel's kSegment)
-    # The kernel's launch classes (kLinearShapes, kAffineShapes in search_soft.cu): G lanes a target, at most
+    # The kernel's launch classes (launch_lanes in common.cuh, at kMostColumns of search_soft.cu): G lanes a target, at most
     # R columns a lane (each warp takes the whole segments its own targets need); 4 blocks of 128 threads an
     # SM (its launch bounds).
     SHAPES = {False: ((8, 32), (16, 32), (32, 32)), True: ((8, 24), (16, 24), (32, 24))}

@@ -153,21 +153,24 @@ def test_block_bounds_end_at_a_kernels_tile_classes_once_the_gpu_is_full():
     assert block_bounds(_Lengths(lengths), 10 ** 6) == [(0, 19)]
 
 
-@pytest.mark.parametrize("source, names", [("search_s16.cu", ["kLinearShapes", "kAffineShapes"]),
-                                           ("search_soft.cu", ["kLinearShapes", "kAffineShapes"])])
-def test_the_search_kernels_shapes_are_their_sources(source, names):
-    """ExactSearch.SHAPES and SoftSearch.SHAPES are the kernels' tile shapes (read from their sources)."""
+@pytest.mark.parametrize("source, name", [("search_s16.cu", "kMaxColumns"), ("search_soft.cu", "kMostColumns")])
+def test_the_search_kernels_shapes_are_their_sources(source, name):
+    """ExactSearch.SHAPES and SoftSearch.SHAPES are the kernels' launch classes (read from their sources):
+    the lanes of launch_lanes (common.cuh), each with the kernel's most columns a lane, linear and affine."""
     import re
     from pathlib import Path
 
     from swcli.search import ExactSearch, SoftSearch
 
-    text = (Path(__file__).resolve().parents[1] / "kernels" / "cuda" / source).read_text()
+    cuda = Path(__file__).resolve().parents[1] / "kernels" / "cuda"
+    common = (cuda / "common.cuh").read_text()
+    first, step = re.search(r"launch_lanes.*?for \(int G = (\d+); G < kWarp; G \*= (\d+)\)", common, re.S).groups()
+    lanes = [int(first) * int(step) ** k for k in range(3)]
+    assert lanes[-1] == 32
+    affine, linear = map(int, re.search(name + r" = AFFINE \? (\d+) : (\d+);", (cuda / source).read_text()).groups())
     kernel = ExactSearch if source == "search_s16.cu" else SoftSearch
-    expected = [kernel.SHAPES[False], kernel.SHAPES[True]]
-    for name, shapes in zip(names, expected):
-        body = re.search(name + r"\[\] = \{(.*?)\};", text, re.S).group(1)
-        assert shapes == tuple((int(g), int(r)) for g, r in re.findall(r"\{(\d+), (\d+)\}", body))
+    for is_affine, most in ((False, linear), (True, affine)):
+        assert kernel.SHAPES[is_affine] == tuple((g, most) for g in lanes)
 
 
 def test_merge_keeps_database_order_among_ties():

@@ -171,6 +171,17 @@ __device__ __forceinline__ int warp_columns(int G, int widest, int most, int ste
   return chosen;
 }
 
+// The search kernels' launch classes: lanes a group, 8, 16 or 32, the narrowest whose tile of `most`
+// columns a lane holds the launch's widest target (`width`), else 32. A step's shuffles and loop cost
+// as much as several columns, so lanes hold many columns, and narrower groups take shorter targets (more
+// targets in flight, a shorter wavefront ramp), as in CUDASW++4.0's partitions; each warp then takes the
+// columns a lane its own targets need (warp_columns), so a launch spans classes at little cost in padding.
+inline int launch_lanes(int64_t width, int most) {
+  for (int G = 8; G < kWarp; G *= 2)
+    if (width <= int64_t(G) * most) return G;
+  return kWarp;
+}
+
 // Wavefront steps of one warp over a pair of `rows` x `cols` in tiles of 32 R columns: each tile takes
 // its rows plus its lanes less one, and a step costs the same whether its lanes hold 1 column or R.
 __device__ __forceinline__ int64_t sweep_steps(int64_t rows, int64_t cols, int R) {

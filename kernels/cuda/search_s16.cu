@@ -217,28 +217,9 @@ cudaError_t launch_search(const SearchS16Call& call, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The launch classes (lanes per group, and the widest tile of its lanes): a step's shuffles, query letter
-// and loop cost as much as several columns, so lanes hold many columns, and narrower groups take shorter
-// targets (more targets in flight, a shorter wavefront ramp), as in CUDASW++4.0's partitions. A launch
-// takes the narrowest class that holds its widest target in one tile; each warp then takes the columns
-// a lane that fit its own targets (warp_columns), so a launch may span classes at little cost in padding.
-struct TileShape {
-  int G, R;
-};
-inline constexpr TileShape kLinearShapes[] = {{8, 32}, {16, 32}, {32, 32}};
-inline constexpr TileShape kAffineShapes[] = {{8, 28}, {16, 28}, {32, 28}};
-inline constexpr int kTileShapeCount = 3;
-
-TileShape tile_shape_for(int64_t N, bool affine) {
-  const TileShape* shapes = affine ? kAffineShapes : kLinearShapes;
-  for (int s = 0; s + 1 < kTileShapeCount; ++s)
-    if (N <= int64_t(shapes[s].G) * shapes[s].R) return shapes[s];
-  return shapes[kTileShapeCount - 1];
-}
-
 template <bool AFFINE>
 cudaError_t search_any(const SearchS16Call& call, cudaStream_t stream) {
-  switch (tile_shape_for(call.N, AFFINE).G) {
+  switch (launch_lanes(call.N, kMaxColumns<AFFINE>)) {  // the launch class (common.cuh)
     case 8: return launch_search<8, AFFINE>(call, stream);
     case 16: return launch_search<16, AFFINE>(call, stream);
     default: return launch_search<32, AFFINE>(call, stream);
@@ -249,8 +230,9 @@ cudaError_t search_any(const SearchS16Call& call, cudaStream_t stream) {
 }  // namespace swcli_cuda
 
 int sw_cuda_search_s16_columns(int64_t N, bool affine) {
-  const swcli_cuda::TileShape t = swcli_cuda::tile_shape_for(N, affine);
-  return t.G * t.R;
+  using namespace swcli_cuda;
+  const int most = affine ? kMaxColumns<true> : kMaxColumns<false>;
+  return launch_lanes(N, most) * most;
 }
 
 cudaError_t sw_cuda_search_s16(const SearchS16Call& call, cudaStream_t stream) {

@@ -388,25 +388,6 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   }
 }
 
-// The launch classes (lanes per group, and the widest tile of its lanes), as the exact kernel's: a step's
-// shuffles, its conversion and its loop cost as much as a few columns, so lanes hold many, and narrower
-// groups take shorter targets. A call takes the narrowest class that holds its width (its widest target)
-// in one tile; each warp then takes the columns a lane that fit its own targets (warp_columns).
-struct TileShape {
-  int G, R;
-};
-inline constexpr TileShape kLinearShapes[] = {{8, 32}, {16, 32}, {32, 32}};
-inline constexpr TileShape kAffineShapes[] = {{8, 24}, {16, 24}, {32, 24}};
-inline constexpr int kTileShapeCount = 3;
-
-template <bool AFFINE>
-TileShape tile_shape_for(int64_t N) {
-  const TileShape* shapes = AFFINE ? kAffineShapes : kLinearShapes;
-  for (int s = 0; s + 1 < kTileShapeCount; ++s)
-    if (N <= int64_t(shapes[s].G) * shapes[s].R) return shapes[s];
-  return shapes[kTileShapeCount - 1];
-}
-
 size_t shared_bytes(int K) {
   return sizeof(float) * (size_t(K) * (K | 1) + size_t(kSoftWarps) * (K + 1) * kRingSlots);
 }
@@ -425,7 +406,7 @@ cudaError_t launch_soft(const SearchSoftCall& call, cudaStream_t stream) {
 
 template <bool AFFINE>
 cudaError_t search_any(const SearchSoftCall& call, cudaStream_t stream) {
-  switch (tile_shape_for<AFFINE>(call.width).G) {
+  switch (launch_lanes(call.width, kMostColumns<AFFINE>)) {  // the launch class (common.cuh)
     case 8: return launch_soft<8, AFFINE>(call, stream);
     case 16: return launch_soft<16, AFFINE>(call, stream);
     default: return launch_soft<32, AFFINE>(call, stream);
@@ -434,9 +415,9 @@ cudaError_t search_any(const SearchSoftCall& call, cudaStream_t stream) {
 
 template <bool AFFINE>
 int64_t edge_bytes(int64_t B, int64_t M, int64_t N) {
-  const TileShape t = tile_shape_for<AFFINE>(N);
-  if (N <= int64_t(t.G) * t.R) return 0;
-  const int64_t per_warp = kWarp / t.G;
+  const int G = launch_lanes(N, kMostColumns<AFFINE>);
+  if (N <= int64_t(G) * kMostColumns<AFFINE>) return 0;  // one tile
+  const int64_t per_warp = kWarp / G;
   const int64_t groups = (B + per_warp - 1) / per_warp * per_warp;  // the groups past the batch have rows too
   return groups * M * int64_t(sizeof(Edge<AFFINE>));
 }
