@@ -760,20 +760,17 @@ class _ParametersWithGradient(torch.autograd.Function):
 
 def _rows_per_pair_take(S: torch.Tensor, lengths: bool, known) -> bool:
     """Whether a differentiable call with tensor gaps or temperature goes by rows with the values read on
-    the device (_RowsPerPair): where the gradient by rows takes the scores (gradient_by_rows,
-    affine_gradient_by_rows; an empty M or N launches no kernel, so nothing would check the values), in
-    eager mode, and the numbers among the values (known: the gaps' and t's, None for a tensor) do not
-    send every pair off the rows (t = 0, a linear gap > 0, affine gaps past the shared form)."""
+    the device (_RowsPerPair): in eager mode, for pairs of at least one cell (an empty M or N launches no
+    kernel, so nothing would check the values), where the gradient by rows takes the call with the numbers
+    given (known: the gaps' and t's, None for a tensor), a tensor's values standing in as ones the rows
+    take (gap 0, t infinite): the numbers must not send every pair off the rows."""
+    if not (S.shape[0] and S.shape[1] and S.shape[2]) or _in_functorch():
+        return False
     *gaps, t = known
-    narrowest = 0 if len(gaps) == 2 else ROWS_NARROWEST_WITH_LENGTHS if lengths else ROWS_NARROWEST
-    if not (S.shape[0] > 0 and S.shape[1] > 0 and S.shape[2] > 0 and _rows_allowed(S, 1.0, narrowest)
-            and not _in_functorch() and torch._guards.detect_fake_mode(S) is None):
-        return False
-    if t is not None and not t > 0:
-        return False
-    if len(gaps) == 1:
-        return gaps[0] is None or gaps[0] <= 0
-    return gaps[0] is None or t is None or affine_gradient_by_rows(S, lengths, gaps[0], t)
+    gaps, t = [0.0 if gap is None else gap for gap in gaps], math.inf if t is None else t
+    rows = gradient_by_rows if len(gaps) == 1 else affine_gradient_by_rows
+    # (the rules first: they refuse a graph being compiled, which must not reach the fake-mode lookup)
+    return rows(S, lengths, gaps[0], t) and torch._guards.detect_fake_mode(S) is None
 
 
 class _RowsPerPair(torch.autograd.Function):
@@ -817,8 +814,7 @@ def _grouped_gradient(grad_scores, S, qlen, tlen, values, temperature_needs_grad
     values: the values read to the host and checked (_check_per_pair_values), each group's forward that
     keeps the DP table (the rows failed some pair of the batch: not tried again), then its backward."""
     host = _host_values(values, [None] * len(values), S.dtype)
-    names = ("gap",) if len(values) == 2 else ("gap_open", "gap_extend")
-    _check_per_pair_values(names, host, needs_positive_temperature=temperature_needs_grad)
+    _check_per_pair_values(_VALUE_NAMES[len(values)][:-1], host, needs_positive_temperature=temperature_needs_grad)
 
     def part(index, key):
         s, q, t = (S, qlen, tlen) if index is None else _select_pairs(index, S, qlen, tlen)
@@ -1282,8 +1278,7 @@ def _read_per_pair_values(S, values, known, temperature) -> torch.Tensor | None:
     if S.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError(CAPTURED_VALUES)
     host = _host_values(values, known, S.dtype)
-    names = ("gap",) if len(values) == 2 else ("gap_open", "gap_extend")
-    _check_per_pair_values(names, host, needs_positive_temperature=torch.is_grad_enabled()
+    _check_per_pair_values(_VALUE_NAMES[len(values)][:-1], host, needs_positive_temperature=torch.is_grad_enabled()
                            and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
     return host
 
