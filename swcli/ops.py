@@ -893,7 +893,8 @@ def _posterior_per_pair_by_groups(S, query_lengths, target_lengths, *values):
     def run(s, q, t, key):
         scores, state, best, failed, by_rows = _forward_keeping_state(s, q, t, key)
         posterior, sums = _backward_with_sums(torch.ones_like(scores), s, q, t, key, state, best, failed, by_rows)
-        return (scores, posterior, *sums[:-1])
+        # each count its own tensor: a custom operator's outputs may not alias one another
+        return (scores, posterior, *(count.clone() for count in sums[:-1]))
 
     groups = _engine_groups(S, values)
     with torch.no_grad():

@@ -405,7 +405,8 @@ def test_values_read_on_the_device_match_the_groups_and_are_never_copied(kind, w
     """Distinct (B,) values requiring grad take the rows with the values read by the kernels: no host copy
     (a read would fail here), and the scores and gradients of the path by groups of equal values."""
     S, gaps, t, qlen, tlen, grad_out = device_rows_batch(kind, 13000, with_lengths)
-    assert ops._rows_per_pair_take(S, with_lengths, kind == "affine")
+    every_value_a_tensor = (None,) * (len(gaps) + 1)
+    assert ops._rows_per_pair_take(S, with_lengths, every_value_a_tensor)
     with monkeypatch.context() as patch:
         patch.setattr(ops, "_host_values", lambda *a: pytest.fail("the values were read to the host"))
         scores, got = parameter_gradients(S, gaps, t, qlen, tlen, grad_out)

@@ -100,6 +100,24 @@ def test_opcheck_passes_for_every_operator(device):
         torch.library.opcheck(op, args, kwargs, **({} if tests is None else {"test_utils": tests}))
 
 
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_no_output_aliases_an_input_or_another_output(device):
+    """torch.compile and torch.export assume a custom operator's outputs are fresh tensors."""
+    device = torch.device(device)
+    S = random_scores((3, 6, 5), seed=7, dtype=torch.float64, device=device)
+    one_value = torch.full((3,), -1.0, dtype=torch.float64, device=device)  # one group: no regrouping copies
+    t = torch.full((3,), 0.8, dtype=torch.float64, device=device)
+    cases = every_operator(device) + [
+        (torch.ops.swcli.posterior_per_pair.default, (S, None, None, one_value, t), {}),
+        (torch.ops.swcli.affine_posterior_per_pair.default, (S, None, None, one_value - 1, one_value, t), {})]
+    for op, args, kwargs in cases:
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        outs = op(*args, **kwargs)
+        outs = (outs,) if isinstance(outs, torch.Tensor) else outs
+        outputs = [out.untyped_storage().data_ptr() for out in outs if out.numel()]
+        assert len(set(outputs)) == len(outputs) and not inputs & set(outputs), op
+
+
 def test_schemas_are_the_documented_ones():
     for name, schema in ops.SCHEMAS.items():
         assert str(getattr(torch.ops.swcli, name).default._schema) == f"swcli::{name}{schema}"
