@@ -84,10 +84,19 @@ __device__ __forceinline__ void split_pow2(int d, float& a, float& b) {
 
 __device__ __forceinline__ int exponent_of(float x) { return int(__float_as_uint(x) >> 23) - 127; }
 
-// The largest of segment s's 8 values (a NaN if any is one), as a tree.
-template <int R>
+// The largest of segment s's 8 values, a NaN if any is one. LINEAR: the cells are sums of products of
+// values >= 0 (never -0), and a NaN made on the GPU is 0x7fffffff, so their bits order as signed integers
+// as the values do, a NaN above all: three-way integer maxima (VIMNMX3, one instruction for three) take 4
+// instructions where float maxima take 7. (The affine sweep keeps the float tree: its registers are full,
+// and the integer one spilled there.)
+template <bool LINEAR, int R>
 __device__ __forceinline__ float segment_max(const float (&v)[R], int s) {
   const float* const x = v + s * 8;
+  if constexpr (LINEAR) {
+    auto bits = [](float f) { return __float_as_int(f); };
+    return __int_as_float(__vimax3_s32(__vimax3_s32(bits(x[0]), bits(x[1]), bits(x[2])),
+                                       __vimax3_s32(bits(x[3]), bits(x[4]), bits(x[5])), max(bits(x[6]), bits(x[7]))));
+  }
   return max_nan(max_nan(max_nan(x[0], x[1]), max_nan(x[2], x[3])), max_nan(max_nan(x[4], x[5]), max_nan(x[6], x[7])));
 }
 
@@ -221,6 +230,8 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       }
       if (decltype(ramp)::value && unsigned(i) >= unsigned(M)) return;
       bool rescaling = false;  // some segment's largest value left [2^L, 2^U]
+      // linear: each segment's largest value this step, kept for the rescaling below
+      [[maybe_unused]] float his[AFFINE ? 1 : S];
       float x_last = x_in, xt_last = xt_in;
       int sig_last = sig_in;
 #pragma unroll
@@ -264,9 +275,10 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           d = u;
           up[q] = x;
         }
-        const float hi = segment_max(up, s);
+        const float hi = segment_max<!AFFINE>(up, s);
         best[s] = max_nan(best[s], hi);
         rescaling |= hi > upper || hi < low[s];
+        if constexpr (!AFFINE) his[s] = hi;
         diag[s] = lv;
         x_last = up[s * kSegment + kSegment - 1], xt_last = xt, sig_last = sig[s];
       }
@@ -302,7 +314,9 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           deep = false;
 #pragma unroll
           for (int s = 0; s < S; ++s) {
-            const float hi = segment_max(up, s);
+            float hi;
+            if constexpr (AFFINE) hi = segment_max<false>(up, s);
+            else hi = his[s];
             if (hi > upper || hi < low[s]) rescale(s, max(exponent_of(hi) - call.middle, -sig[s]));
             deep |= sig[s] > call.floor;
             if (s > 0) split_pow2(sig[s - 1] - sig[s], fa[s], fb[s]);

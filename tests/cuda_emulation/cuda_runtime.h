@@ -291,6 +291,7 @@ inline unsigned __viaddmax_s16x2_relu(unsigned a, unsigned b, unsigned c) {  // 
     return std::max({int(short(emu::half(a, h) + emu::half(b, h))), emu::half(c, h), 0});
   });
 }
+inline int __vimax3_s32(int a, int b, int c) { return std::max({a, b, c}); }
 inline unsigned __vimax3_s16x2_relu(unsigned a, unsigned b, unsigned c) {  // max(a, b, c, 0)
   return emu::halves([&](int h) { return std::max({emu::half(a, h), emu::half(b, h), emu::half(c, h), 0}); });
 }
