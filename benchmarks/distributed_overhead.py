@@ -7,6 +7,7 @@ exchanges would cost on top of the plain command.
 
     python3 benchmarks/distributed_overhead.py QUERIES DATABASE [--backend auto] [--repeats 5]
             [--copies N] [--query-copies N] [--top 10] [-t 1] [--work DIR]
+    python3 benchmarks/distributed_overhead.py --bare-only [--repeats 5]
 
 DATABASE: a FASTA file or a makedb folder. --copies N searches a database of N copies of the FASTA's
 sequences (ids suffixed) and --query-copies N the queries N times over, so that the search, not the
@@ -15,7 +16,9 @@ fixed cost of about a second, so the ratio says something only where the search 
 
 The commands run in turn (plain, by hand, torchrun, plain, ...) after one warm-up of each, their outputs
 are compared byte for byte (every run's), and the medians, their differences and ratios to the plain
-command are printed as a markdown table.
+command are printed as a markdown table. A second table (alone with --bare-only) times what torchrun
+costs with nothing to run, beside the import of torch that its agent makes: the part of its cost that
+no command it starts can save.
 """
 
 from __future__ import annotations
@@ -96,10 +99,30 @@ def machine(backend: str) -> str:
     return f"{where}; torch {torch.__version__}, Python {platform.python_version()}"
 
 
+def bare_costs(repeats: int) -> None:
+    """torchrun's start and exit around commands that take no time, beside `import torch` alone and
+    swcli's start: each command once to warm up, then `repeats` runs, as a markdown table."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    commands = {
+        "python3 -c 'import torch'": [sys.executable, "-c", "import torch"],
+        "python3 -m swcli --help": [sys.executable, "-m", "swcli", "--help"],
+        "torchrun --standalone --nproc-per-node 1 --no-python true": [*torchrun, "--no-python", "true"],
+        "torchrun --standalone --nproc-per-node 1 -m swcli --help": [*torchrun, "-m", "swcli", "--help"],
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    print(f"\n{repeats} runs each after a warm-up\n")
+    print("| command | median s | min s | max s |")
+    print("| --- | --- | --- | --- |")
+    for name, command in commands.items():
+        times = [timed(command, env) for _ in range(repeats + 1)][1:]
+        print(f"| {name} | {statistics.median(times):.3f} | {min(times):.3f} | {max(times):.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("queries")
-    parser.add_argument("database")
+    parser.add_argument("queries", nargs="?")
+    parser.add_argument("database", nargs="?")
+    parser.add_argument("--bare-only", action="store_true", help="only torchrun's cost with nothing to run")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--copies", type=int, default=1, help="database copies (a FASTA database)")
@@ -108,6 +131,12 @@ def main() -> None:
     parser.add_argument("-t", "--temperature", default="1")
     parser.add_argument("--work", default=None, help="folder for the copies and outputs (default: a temporary one)")
     args = parser.parse_args()
+    if args.bare_only:
+        print(machine(args.backend))
+        bare_costs(args.repeats)
+        return
+    if args.database is None:
+        parser.error("QUERIES and DATABASE are needed unless --bare-only")
     work = Path(args.work or tempfile.mkdtemp(prefix="distributed_overhead."))
     work.mkdir(parents=True, exist_ok=True)
     if args.copies > 1 and (Path(args.database) / "meta.json").is_file():
@@ -148,6 +177,7 @@ def main() -> None:
     for name, values in times.items():
         print(f"| {name} | {medians[name]:.2f} | {min(values):.2f} | {max(values):.2f} | "
               f"{medians[name] - plain:+.2f} s | {medians[name] / plain:.3f} |")
+    bare_costs(args.repeats)
 
 
 if __name__ == "__main__":

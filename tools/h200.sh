@@ -40,8 +40,9 @@
 #     dist-overhead  swcli search under torchrun --nproc-per-node 1, and as one rank without torchrun, against
 #                the plain command (benchmarks/distributed_overhead.py, outputs compared): CUDASW4's 20 queries, each
 #                DIST_QUERY_COPIES (20) times, against make-db's 100,000 sequences prepared by makedb;
-#                DIST_REPEATS (3) runs each after a warm-up; then the exchange per query alone through
-#                NCCL (benchmarks/distributed_exchange.py); about 5 minutes with make-db
+#                DIST_REPEATS (3) runs each after a warm-up, and torchrun's cost with nothing to run; then
+#                the exchange per query alone through NCCL (benchmarks/distributed_exchange.py); about 6
+#                minutes with make-db
 #     dist-scale swcli search on every GPU of the machine (torchrun, one rank a GPU) against one process, and
 #                CUDASW++4.0 on the same GPUs (benchmarks/distributed_scaling.py; record in $OUT/scaling): CUDASW4's
 #                20 queries (SCALE_QUERY_COPIES times, default 1) against make-db's 800 copies (200,000
