@@ -131,6 +131,10 @@ def main() -> None:
     parser.add_argument("-t", "--temperature", default="1")
     parser.add_argument("--work", default=None, help="folder for the copies and outputs (default: a temporary one)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.bare_only and args.queries is not None:
+        parser.error("--bare-only runs no search: give no QUERIES or DATABASE")
     if args.bare_only:
         print(machine(args.backend))
         bare_costs(args.repeats)

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     parser.add_argument("--gaps", choices=("linear", "affine"), default="linear")
     parser.add_argument("--waves", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0])
     parser.add_argument("--max-queries", type=int, nargs="*", default=[1000, 2000, 0])
-    parser.add_argument("--max-cells", type=int, nargs="*", default=[1 << 24])
+    parser.add_argument("--max-cells", type=int, nargs="*", default=None, help="(default: the search's)")
     parser.add_argument("--soft-waves", nargs="*", default=["none"],
                         help="SoftSearch.FILL_WAVES for the t = 1 settings: a number, or none (by cells alone)")
     parser.add_argument("--soft-drops", type=int, nargs="*", default=None,
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     from swcli.fasta import read_fasta
     from swcli.ops import load_engine
     from swcli.scoring import load_matrix
-    from swcli.search import ExactSearch, Searcher, SoftSearch
+    from swcli.search import DEFAULT_MAX_CELLS, ExactSearch, Searcher, SoftSearch
 
     device = torch.device("cuda")
     load_engine("cuda")
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     drops = args.soft_drops or [SoftSearch.DROP]
     settings = [(0.0, waves, None, None, None) for waves in [math.inf, *args.waves]]
     settings += [(1.0, None, limit, fill, drop) for drop in drops for fill in soft_waves for limit in args.max_queries]
-    for max_cells in args.max_cells:
+    for max_cells in args.max_cells or [DEFAULT_MAX_CELLS]:
         for t, waves, limit, fill, drop in settings:
             if waves is not None:
                 ExactSearch.FILL_WAVES = 1e9 if waves == math.inf else waves
