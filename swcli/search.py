@@ -34,7 +34,9 @@ from swcli.database import Database
 from swcli.errors import SwcliError
 from swcli.ops import load_engine, score_checked_codes
 
-DEFAULT_MAX_CELLS = 1 << 26  # padded target cells per block, per query residue: 64 MiB of codes; fewer launch tails
+# Padded target cells per block, per query residue: 64 MiB of codes. Fewer, larger blocks than 2^24 score
+# faster on the GPU (docs/benchmarks/h200.md, "Block size"), mostly the op's sweep of long queries.
+DEFAULT_MAX_CELLS = 1 << 26
 DEFAULT_MAX_BYTES = 1 << 32  # padded blocks kept on the device beyond this are padded again per query
 LOW = (1 << 32) - 1  # a key's low 32 bits: LOW - database order, so the earlier sequence has the larger key
 
