@@ -182,6 +182,17 @@ inline int launch_lanes(int64_t width, int most) {
   return kWarp;
 }
 
+// launch(std::integral_constant<int, G>) for the launch class of `width` (launch_lanes): the kernels are
+// compiled for each G.
+template <class Launch>
+cudaError_t launch_by_lanes(int64_t width, int most, Launch&& launch) {
+  switch (launch_lanes(width, most)) {
+    case 8: return launch(std::integral_constant<int, 8>{});
+    case 16: return launch(std::integral_constant<int, 16>{});
+    default: return launch(std::integral_constant<int, kWarp>{});
+  }
+}
+
 // Wavefront steps of one warp over a pair of `rows` x `cols` in tiles of 32 R columns: each tile takes
 // its rows plus its lanes less one, and a step costs the same whether its lanes hold 1 column or R.
 __device__ __forceinline__ int64_t sweep_steps(int64_t rows, int64_t cols, int R) {

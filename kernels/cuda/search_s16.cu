@@ -219,11 +219,8 @@ cudaError_t launch_search(const SearchS16Call& call, cudaStream_t stream) {
 
 template <bool AFFINE>
 cudaError_t search_any(const SearchS16Call& call, cudaStream_t stream) {
-  switch (launch_lanes(call.N, kMaxColumns<AFFINE>)) {  // the launch class (common.cuh)
-    case 8: return launch_search<8, AFFINE>(call, stream);
-    case 16: return launch_search<16, AFFINE>(call, stream);
-    default: return launch_search<32, AFFINE>(call, stream);
-  }
+  return launch_by_lanes(call.N, kMaxColumns<AFFINE>,
+                         [&](auto G) { return launch_search<decltype(G)::value, AFFINE>(call, stream); });
 }
 
 }  // namespace

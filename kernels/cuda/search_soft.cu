@@ -420,11 +420,8 @@ cudaError_t launch_soft(const SearchSoftCall& call, cudaStream_t stream) {
 
 template <bool AFFINE>
 cudaError_t search_any(const SearchSoftCall& call, cudaStream_t stream) {
-  switch (launch_lanes(call.width, kMostColumns<AFFINE>)) {  // the launch class (common.cuh)
-    case 8: return launch_soft<8, AFFINE>(call, stream);
-    case 16: return launch_soft<16, AFFINE>(call, stream);
-    default: return launch_soft<32, AFFINE>(call, stream);
-  }
+  return launch_by_lanes(call.width, kMostColumns<AFFINE>,
+                         [&](auto G) { return launch_soft<decltype(G)::value, AFFINE>(call, stream); });
 }
 
 template <bool AFFINE>
