@@ -240,13 +240,17 @@ def _state_size(S, tables: int):
     return torch.library.get_ctx().new_dynamic_size()
 
 
+def _forward_outputs_fake(S, tables: int):
+    """A forward's (scores, state, best, failed) that keeps `tables` tables of state (_state_size)."""
+    _load_engine_for_fake(S.device)
+    B = S.shape[0]
+    return (S.new_empty(B), S.new_empty(_state_size(S, tables)), S.new_empty(B, dtype=torch.int64),
+            S.new_empty(1, dtype=torch.int32))
+
+
 @torch.library.register_fake("swcli::forward")
 def _forward_fake(S, query_lengths, target_lengths, gap, temperature, by_rows, *, lane_columns=0, scaled=True):
-    _load_engine_for_fake(S.device)
-    state_size = _state_size(S, 1)
-    B = S.shape[0]
-    return (S.new_empty(B), S.new_empty(state_size), S.new_empty(B, dtype=torch.int64),
-            S.new_empty(1, dtype=torch.int32))
+    return _forward_outputs_fake(S, 1)
 
 
 @torch.library.register_fake("swcli::backward")
@@ -374,12 +378,8 @@ def _affine_scores_codes_fake(query, target, matrix, query_lengths, target_lengt
 @torch.library.register_fake("swcli::affine_forward")
 def _affine_forward_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature, by_rows, *,
                          lane_columns=0):
-    _load_engine_for_fake(S.device)
     # As the linear forward's: the state's layout is the engine's own (the CPU keeps three tables).
-    state_size = _state_size(S, 3)
-    B = S.shape[0]
-    return (S.new_empty(B), S.new_empty(state_size), S.new_empty(B, dtype=torch.int64),
-            S.new_empty(1, dtype=torch.int32))
+    return _forward_outputs_fake(S, 3)
 
 
 @torch.library.register_fake("swcli::affine_backward")
@@ -487,31 +487,27 @@ def _affine_posterior_per_pair_fake(S, query_lengths, target_lengths, gap_open, 
 
 @torch.library.register_fake("swcli::forward_per_pair")
 def _forward_per_pair_fake(S, query_lengths, target_lengths, gap, temperature):
-    _load_engine_for_fake(S.device)
-    B = S.shape[0]
-    return (S.new_empty(B), S.new_empty(_state_size(S, 1)), S.new_empty(B, dtype=torch.int64),
-            S.new_empty(1, dtype=torch.int32))
+    return _forward_outputs_fake(S, 1)
 
 
 @torch.library.register_fake("swcli::affine_forward_per_pair")
 def _affine_forward_per_pair_fake(S, query_lengths, target_lengths, gap_open, gap_extend, temperature):
-    _load_engine_for_fake(S.device)
-    B = S.shape[0]
-    return (S.new_empty(B), S.new_empty(_state_size(S, 2)), S.new_empty(B, dtype=torch.int64),
-            S.new_empty(1, dtype=torch.int32))
+    return _forward_outputs_fake(S, 2)
 
 
 @torch.library.register_fake("swcli::backward_parameters_per_pair")
 def _backward_parameters_per_pair_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap,
                                        temperature):
     # the gradient's shape where no pair failed: the (0,) tensor of a failed count is the eager path's alone
-    return S.new_empty(S.shape), S.new_empty(2, S.shape[0])
+    return _backward_parameters_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths, gap,
+                                     temperature, True)
 
 
 @torch.library.register_fake("swcli::affine_backward_parameters_per_pair")
 def _affine_backward_parameters_per_pair_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths,
                                               gap_open, gap_extend, temperature):
-    return S.new_empty(S.shape), S.new_empty(3, S.shape[0])
+    return _affine_backward_parameters_fake(grad_scores, S, state, best, failed, query_lengths, target_lengths,
+                                            gap_open, gap_extend, temperature, True)
 
 
 TEMPERATURE_GRADIENT_AT_ZERO = (
@@ -706,6 +702,27 @@ def _backward_with_sums(grad_scores, S, qlen, tlen, key, state, best, failed, by
     return op(grad_scores, S, state, best, failed, qlen, tlen, *key, by_rows)
 
 
+def _backward_by_groups(grad_scores, B: int, groups, backward):
+    """(grad_S, sums (k, B)) put together from each group's backward(k, its grad_scores, index, key) ->
+    (grad_S, sums (k, pairs)), in batch order (_in_batch_order)."""
+    def part(k, index, key):
+        g = grad_scores if index is None else grad_scores.index_select(0, index)
+        grad, sums = backward(k, g, index, key)
+        return grad, sums.T
+
+    grad_S, sums = _in_batch_order(B, groups, (part(k, index, key) for k, (index, key) in enumerate(groups)))
+    return grad_S, sums.T
+
+
+def _gradients_with_values(grad_scores, S, scores, values, grad_S, sums, needs_S: bool, needs_values):
+    """(grad_S, grad_gaps, grad_t) from the backward's grad_S and sums (k, B), once differentiable."""
+    with torch.no_grad():
+        grad_gaps, grad_t = _gradients_from_sums(grad_scores, scores, values, sums[:-1], sums[-1], needs_values)
+    grad_S, grad_t, *grad_gaps = _once_differentiable((S, *values, grad_scores), grad_S if needs_S else None,
+                                                      grad_t, *grad_gaps)
+    return grad_S, grad_gaps, grad_t
+
+
 class _ParametersWithGradient(torch.autograd.Function):
     """The scores with the gaps and the temperature as (B,) tensors, differentiable in S, the gaps and the
     temperature, as soft_smith_waterman runs them in eager mode: the engine's forward that keeps its state,
@@ -740,21 +757,18 @@ class _ParametersWithGradient(torch.autograd.Function):
         values, saved = rest[:ctx.value_count], rest[ctx.value_count:]
         needs = ctx.needs_input_grad
 
-        def part(k, index, key, by_rows, gathered):
-            """The group's (grad_S, sums transposed: (pairs, k)), from its saved state."""
+        def backward(k, g, index, key):
+            """The group's (grad_S, sums), from its saved state."""
+            _, _, by_rows, gathered = ctx.parts[k]
             state = (*saved[6 * k:6 * k + 3], by_rows)
             selected = tuple(saved[6 * k + 3:6 * k + 6]) if gathered else (S, query_lengths, target_lengths)
-            g = grad_scores if index is None else grad_scores.index_select(0, index)
-            part_grad, part_sums = _backward_with_sums(g, *selected, key, *state)
-            return part_grad, part_sums.T
+            return _backward_with_sums(g, *selected, key, *state)
 
         with torch.no_grad():
             groups = [(index, key) for index, key, _, _ in ctx.parts]
-            grad_S, sums = _in_batch_order(S.shape[0], groups, (part(k, *p) for k, p in enumerate(ctx.parts)))
-            sums = sums.T
-            grad_gaps, grad_t = _gradients_from_sums(grad_scores, scores, values, sums[:-1], sums[-1], needs[4:])
-        grad_S, grad_t, *grad_gaps = _once_differentiable((S, *values, grad_scores), grad_S if needs[0] else None,
-                                                          grad_t, *grad_gaps)
+            grad_S, sums = _backward_by_groups(grad_scores, S.shape[0], groups, backward)
+        grad_S, grad_gaps, grad_t = _gradients_with_values(grad_scores, S, scores, values, grad_S, sums, needs[0],
+                                                           needs[4:])
         return grad_S, None, None, None, *grad_gaps, grad_t
 
 
@@ -803,9 +817,8 @@ class _RowsPerPair(torch.autograd.Function):
             grad_S, sums = op(grad_scores, S, state, best, failed, query_lengths, target_lengths, *values)
             if grad_S.dim() != 3:  # some pair failed: its values are read, checked, and its gradient redone
                 grad_S, sums = _grouped_gradient(grad_scores, S, query_lengths, target_lengths, values, needs[-1])
-            grad_gaps, grad_t = _gradients_from_sums(grad_scores, scores, values, sums[:-1], sums[-1], needs[3:])
-        grad_S, grad_t, *grad_gaps = _once_differentiable((S, *values, grad_scores), grad_S if needs[0] else None,
-                                                          grad_t, *grad_gaps)
+        grad_S, grad_gaps, grad_t = _gradients_with_values(grad_scores, S, scores, values, grad_S, sums, needs[0],
+                                                           needs[3:])
         return grad_S, None, None, *grad_gaps, grad_t
 
 
@@ -813,19 +826,14 @@ def _grouped_gradient(grad_scores, S, qlen, tlen, values, temperature_needs_grad
     """(grad_S, sums (k, B)) of the engine's backward with the parameters' sums, by groups of pairs with equal
     values: the values read to the host and checked (_check_per_pair_values), each group's forward that
     keeps the DP table (the rows failed some pair of the batch: not tried again), then its backward."""
-    host = _host_values(values, [None] * len(values), S.dtype)
-    _check_per_pair_values(_VALUE_NAMES[len(values)][:-1], host, needs_positive_temperature=temperature_needs_grad)
+    host = _checked_host_values(values, [None] * len(values), S.dtype, temperature_needs_grad)
 
-    def part(index, key):
+    def backward(k, g, index, key):
         s, q, t = (S, qlen, tlen) if index is None else _select_pairs(index, S, qlen, tlen)
-        g = grad_scores if index is None else grad_scores.index_select(0, index)
         _, state, best, failed, by_rows = _forward_keeping_state(s, q, t, key, rows=False)
-        grad, sums = _backward_with_sums(g, s, q, t, key, state, best, failed, by_rows)
-        return grad, sums.T
+        return _backward_with_sums(g, s, q, t, key, state, best, failed, by_rows)
 
-    groups = _groups(host, S.device)
-    grad_S, sums = _in_batch_order(S.shape[0], groups, (part(index, key) for index, key in groups))
-    return grad_S, sums.T
+    return _backward_by_groups(grad_scores, S.shape[0], _groups(host, S.device), backward)
 
 
 # The per-pair operators' kernels by groups, on the engines' operators with numbers: the CUDA engine's
@@ -1254,9 +1262,8 @@ def _per_pair_values(S, gaps, temperature):
     """(values, known): _per_pair_parameters' values, checked for their shapes and dtypes, not read; known
     holds the numbers given (None for a tensor)."""
     B = S.shape[0]
-    names = ("gap",) if len(gaps) == 1 else ("gap_open", "gap_extend")
     values, known = [], []
-    for name, value in zip((*names, "temperature"), (*gaps, temperature)):
+    for name, value in zip(_VALUE_NAMES[len(gaps) + 1], (*gaps, temperature)):
         if not isinstance(value, torch.Tensor):
             values.append(torch.full((), value, dtype=S.dtype, device=S.device).expand(B))
             known.append(value)
@@ -1278,9 +1285,14 @@ def _read_per_pair_values(S, values, known, temperature) -> torch.Tensor | None:
         return None
     if S.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError(CAPTURED_VALUES)
-    host = _host_values(values, known, S.dtype)
-    _check_per_pair_values(_VALUE_NAMES[len(values)][:-1], host, needs_positive_temperature=torch.is_grad_enabled()
-                           and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
+    return _checked_host_values(values, known, S.dtype, torch.is_grad_enabled()
+                                and isinstance(temperature, torch.Tensor) and temperature.requires_grad)
+
+
+def _checked_host_values(values, known, dtype, needs_positive_temperature: bool) -> torch.Tensor:
+    """_host_values, checked by the per-pair rules (_check_per_pair_values)."""
+    host = _host_values(values, known, dtype)
+    _check_per_pair_values(_VALUE_NAMES[len(values)][:-1], host, needs_positive_temperature)
     return host
 
 
