@@ -54,17 +54,21 @@ def swept_columns(lengths, start: int, stop: int, shapes, targets_per_group: int
 
 
 def padded_cells(searcher, query_lengths) -> tuple[int, int]:
-    """(cells swept by the tiles, cells) summed over the queries."""
+    """(cells swept by the tiles, cells) summed over the queries; the op's sweep (no search kernel) counts
+    the cells alone."""
     from swcli.search import ExactSearch, SoftSearch
 
     kernel = searcher.kernel
+    cells = int(searcher.lengths.sum()) * sum(query_lengths)
+    if kernel is None:
+        return cells, cells
     if kernel is searcher.exact:
         shapes, per_group, step = ExactSearch.SHAPES[kernel.affine], 2, 2
     else:
         shapes, per_group, step = SoftSearch.SHAPES[kernel.settings["affine"]], 1, SoftSearch.SEGMENT
     lengths = searcher.lengths
     padded = sum(swept_columns(lengths, start, stop, shapes, per_group, step) for start, stop in searcher.bounds)
-    return padded * sum(query_lengths), int(lengths.sum()) * sum(query_lengths)
+    return padded * sum(query_lengths), cells
 
 
 def kernel_seconds(searcher, queries) -> float:
