@@ -182,6 +182,18 @@ inline int launch_lanes(int64_t width, int most) {
   return kWarp;
 }
 
+// sweep(std::integral_constant<int, R>) for the warp's columns a lane (warp_columns), from R to MOST by STEP
+// (warp-uniform: no divergence); the kernels are compiled for each.
+template <int R, int MOST, int STEP, class Sweep>
+__device__ __forceinline__ auto sweep_by_columns(int columns, Sweep&& sweep) {
+  if constexpr (R >= MOST) {
+    return sweep(std::integral_constant<int, MOST>{});
+  } else {
+    if (columns == R) return sweep(std::integral_constant<int, R>{});
+    return sweep_by_columns<R + STEP, MOST, STEP>(columns, sweep);
+  }
+}
+
 // launch(std::integral_constant<int, G>) for the launch class of `width` (launch_lanes): the kernels are
 // compiled for each G.
 template <class Launch>

@@ -151,17 +151,6 @@ inline constexpr int kMinColumns = 8, kColumnStep = 2;
 template <bool AFFINE>
 inline constexpr int kMaxColumns = AFFINE ? 28 : 32;
 
-// sweep<G, R> for the warp's R (warp-uniform: no divergence).
-template <int G, bool AFFINE, int R = kMinColumns>
-__device__ __forceinline__ unsigned sweep_columns(int columns, const GroupSweep& w, int tiles) {
-  if constexpr (R >= kMaxColumns<AFFINE>) {
-    return sweep<G, kMaxColumns<AFFINE>, AFFINE>(w, tiles);
-  } else {
-    if (columns == R) return sweep<G, R, AFFINE>(w, tiles);
-    return sweep_columns<G, AFFINE, R + kColumnStep>(columns, w, tiles);
-  }
-}
-
 template <int G, bool AFFINE>
 __global__ void __launch_bounds__(kSearchThreads, 2)
     search_s16_kernel(const uint8_t* __restrict__ query, int M, const uint8_t* __restrict__ target, int64_t N,
@@ -190,7 +179,8 @@ __global__ void __launch_bounds__(kSearchThreads, 2)
   const int widest = __reduce_max_sync(kFull, max(w.la, w.lb));
   const int columns = warp_columns(G, widest, kMaxColumns<AFFINE>, kColumnStep);
   const int tiles = (widest + G * columns - 1) / (G * columns);  // 0 where every target is empty
-  unsigned best = sweep_columns<G, AFFINE>(columns, w, tiles);
+  unsigned best = sweep_by_columns<kMinColumns, kMaxColumns<AFFINE>, kColumnStep>(
+      columns, [&](auto R) { return sweep<G, decltype(R)::value, AFFINE>(w, tiles); });
 #pragma unroll
   for (int off = G / 2; off > 0; off /= 2) best = __vmaxs2(best, __shfl_xor_sync(kFull, best, off, G));
   if (writes && g == 0) {

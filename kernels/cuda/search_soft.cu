@@ -341,18 +341,6 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
 template <bool AFFINE>
 inline constexpr int kMostColumns = AFFINE ? 24 : 32;  // the affine cell holds Y~ too: 32 would spill
 
-// soft_sweep<G, R> for the warp's R (warp-uniform: no divergence).
-template <int G, bool AFFINE, int R = kSegment>
-__device__ __forceinline__ void soft_sweep_columns(int columns, const SearchSoftCall& call, const SoftLane<AFFINE>& w,
-                                                   int tiles, long long& best_key, bool& failed) {
-  if constexpr (R >= kMostColumns<AFFINE>) {
-    soft_sweep<G, kMostColumns<AFFINE>, AFFINE>(call, w, tiles, best_key, failed);
-  } else {
-    if (columns == R) return soft_sweep<G, R, AFFINE>(call, w, tiles, best_key, failed);
-    soft_sweep_columns<G, AFFINE, R + kSegment>(columns, call, w, tiles, best_key, failed);
-  }
-}
-
 template <int G, bool AFFINE>
 __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const SearchSoftCall call) {
   extern __shared__ float smem[];
@@ -384,7 +372,8 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   const int tiles = (widest + G * columns - 1) / (G * columns);  // 0 where every target is empty
   long long best_key = scaled_key(0, 1.0f);  // the zero border, E = 1
   bool failed = false;
-  soft_sweep_columns<G, AFFINE>(columns, call, w, tiles, best_key, failed);
+  sweep_by_columns<kSegment, kMostColumns<AFFINE>, kSegment>(
+      columns, [&](auto R) { soft_sweep<G, decltype(R)::value, AFFINE>(call, w, tiles, best_key, failed); });
   const int len = w.len;
 #pragma unroll
   for (int off = G / 2; off > 0; off /= 2) best_key = max(best_key, __shfl_xor_sync(kFull, best_key, off, G));
