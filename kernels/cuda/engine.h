@@ -181,8 +181,8 @@ cudaError_t sw_cuda_affine_rows_backward(const Problem& pr, const float* grad_sc
 // halves (low: a), letter K the padding's score (<= 0). gap_open == gap_extend: linear gaps; else affine,
 // gap_open <= gap_extend <= 0. scores (B,) int32: the score, or -1 where a cell reached `limit` (32767 -
 // the largest score: int16 could not hold the pair), such pairs counted in *overflows (zeroed by the
-// caller). boundary: (B + 1) / 2 * M pairs of 32-bit values where N exceeds
-// sw_cuda_search_s16_columns(N, affine), the widest single tile, else null.
+// caller). boundary: sw_cuda_search_s16_edge_bytes(B, M, N, affine) bytes (N past the widest single
+// tile), or null where that is 0.
 struct SearchS16Call {
   const uint8_t* query;
   int M;
@@ -195,7 +195,7 @@ struct SearchS16Call {
   void* boundary;
   int* overflows;
 };
-int sw_cuda_search_s16_columns(int64_t N, bool affine);
+int64_t sw_cuda_search_s16_edge_bytes(int64_t B, int64_t M, int64_t N, bool affine);
 cudaError_t sw_cuda_search_s16(const SearchS16Call& call, cudaStream_t stream);
 // Soft scores of one query against many targets at t > 0 in float32, in scaled exponential space
 // (search_soft.cu): query (M,) codes below K, targets (B, N) padded codes with lengths tlen (B,) int64 at

@@ -925,12 +925,12 @@ std::tuple<at::Tensor, at::Tensor> op_search_scores_s16(const at::Tensor& query_
   if (B == 0) return {scores, overflows};
   if (M == 0 || N == 0) return {scores.zero_(), overflows};
   at::Tensor boundary;
-  if (N > sw_cuda_search_s16_columns(N, gap_open != gap_extend))
-    boundary = at::empty({(B + 1) / 2 * M * 2}, query.options().dtype(at::kInt));
+  const int64_t edge_bytes = sw_cuda_search_s16_edge_bytes(B, M, N, gap_open != gap_extend);
+  if (edge_bytes > 0) boundary = at::empty({edge_bytes}, query.options());
   const SearchS16Call call{query.data_ptr<uint8_t>(), int(M), target.data_ptr<uint8_t>(), N, B,
                            tlen.data_ptr<int64_t>(), reinterpret_cast<const unsigned*>(table.data_ptr<int>()), int(K),
                            int(gap_open), int(gap_extend), int(limit), scores.data_ptr<int>(),
-                           boundary.defined() ? boundary.data_ptr<int>() : nullptr, overflows.data_ptr<int>()};
+                           boundary.defined() ? boundary.data_ptr() : nullptr, overflows.data_ptr<int>()};
   SWCLI_CHECK_CUDA(sw_cuda_search_s16(call, c10::cuda::getCurrentCUDAStream()), "exact search");
   return {scores, overflows};
 }

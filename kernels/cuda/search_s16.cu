@@ -216,10 +216,11 @@ cudaError_t search_any(const SearchS16Call& call, cudaStream_t stream) {
 }  // namespace
 }  // namespace swcli_cuda
 
-int sw_cuda_search_s16_columns(int64_t N, bool affine) {
+int64_t sw_cuda_search_s16_edge_bytes(int64_t B, int64_t M, int64_t N, bool affine) {
   using namespace swcli_cuda;
   const int most = affine ? kMaxColumns<true> : kMaxColumns<false>;
-  return launch_lanes(N, most) * most;
+  if (N <= int64_t(launch_lanes(N, most)) * most) return 0;  // one tile
+  return (B + 1) / 2 * M * int64_t(sizeof(uint2));  // an (H, X) pair a row for each group of two targets
 }
 
 cudaError_t sw_cuda_search_s16(const SearchS16Call& call, cudaStream_t stream) {

@@ -5,9 +5,8 @@
 extern "C" {
 // The search kernels' columns a lane for a warp (common.cuh), which swcli.search.warp_columns mirrors.
 int emu_warp_columns(int G, int widest, int most, int step) { return swcli_cuda::warp_columns(G, widest, most, step); }
-// The boundary's (H, X) pairs a call needs, as ops.cpp allocates them: 0 where every target fits one tile.
-int64_t emu_search_s16_boundary_pairs(int64_t B, int64_t M, int64_t N, int affine) {
-  return N > sw_cuda_search_s16_columns(N, affine != 0) ? (B + 1) / 2 * M : 0;
+int64_t emu_search_s16_edge_bytes(int64_t B, int64_t M, int64_t N, int affine) {
+  return sw_cuda_search_s16_edge_bytes(B, M, N, affine != 0);
 }
 int emu_search_s16(const uint8_t* query, int M, const uint8_t* target, int64_t N, int64_t B, const int64_t* tlen,
                    const unsigned* table, int K, int gap_open, int gap_extend, int limit, int* scores, int* overflows,

@@ -156,8 +156,8 @@ class EmulatedSearchS16:
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.emu_warp_columns.argtypes = [ctypes.c_int] * 4
-        lib.emu_search_s16_boundary_pairs.restype = ctypes.c_int64
-        lib.emu_search_s16_boundary_pairs.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+        lib.emu_search_s16_edge_bytes.restype = ctypes.c_int64
+        lib.emu_search_s16_edge_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         self.lib = lib
 
     def warp_columns(self, lanes: int, widest: int, most: int, step: int) -> int:
@@ -175,13 +175,13 @@ class EmulatedSearchS16:
         (B, N), M, K = targets.shape, len(query), table.shape[0]
         scores = np.full(B, -7, np.int32)  # never a score nor the flag: a pair left unwritten shows
         overflows = np.zeros(1, np.int32)
-        pairs = self.lib.emu_search_s16_boundary_pairs(B, M, N, int(gap_open != gap_extend))
-        boundary = np.full(2 * pairs + CANARY, 0x7fff7fff, np.uint32) if pairs else None
+        edge_bytes = self.lib.emu_search_s16_edge_bytes(B, M, N, int(gap_open != gap_extend))
+        boundary = np.full(edge_bytes // 4 + CANARY, 0x7fff7fff, np.uint32) if edge_bytes else None
         p = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
         error = self.lib.emu_search_s16(p(query), M, p(targets), N, B, p(lengths), p(table), K, gap_open, gap_extend,
                                         limit, p(scores), p(overflows), p(boundary))
         assert error == 0
-        assert boundary is None or (boundary[2 * pairs:] == 0x7fff7fff).all(), "a write past the edge buffer"
+        assert boundary is None or (boundary[edge_bytes // 4:] == 0x7fff7fff).all(), "a write past the edge buffer"
         return scores, int(overflows[0])
 
 
