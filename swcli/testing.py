@@ -502,6 +502,22 @@ def padded_code_targets(rng: torch.Generator, lengths: list[int], K: int, device
     return codes.to(device), torch.tensor(lengths, dtype=torch.int64, device=device)
 
 
+def encoded(matrix, sequence: str) -> np.ndarray:
+    """A protein's codes in `matrix` (swcli.scoring's), int64."""
+    return np.frombuffer(matrix.encode(sequence, lambda: "test"), np.uint8).astype(np.int64)
+
+
+def padded_encoded(matrix, sequences: list, width: int | None = None, junk: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(B, width) int64 codes of protein strings (or lists of codes) with `junk` past each length (a real
+    letter: a kernel must not read it), and the (B,) lengths."""
+    coded = [s if isinstance(s, list) else encoded(matrix, s) for s in sequences]
+    width = max([len(c) for c in coded] + [1]) if width is None else width
+    block = np.full((len(coded), width), junk, np.int64)
+    for b, letters in enumerate(coded):
+        block[b, :len(letters)] = letters
+    return block, np.array([len(c) for c in coded], np.int64)
+
+
 def random_search_set(seed: int, matrix=None):
     """A database of 301 random proteins of 1 to 80 or 200 to 700 residues, and the codes of 5 random
     queries of 1 to 400: a search across the search kernels' short and long tile shapes."""

@@ -50,11 +50,12 @@ def test_stats_say_the_runs_work_once_the_output_is_in_place(pair_files, tmp_pat
     import re
 
     pairs, queries, targets = pair_files
+    query_residues, target_residues = sum(len(q) for q, _ in pairs), sum(len(t) for _, t in pairs)
     for command, line in (
             (["search", queries, targets, "--backend", "cpu", "-t", "0"],
-             rf"swcli: {len(pairs)} queries \({sum(len(q) for q, _ in pairs):,} residues\) x {len(pairs)} sequences "
-             rf"\({sum(len(t) for _, t in pairs):,} residues\): "
-             rf"{sum(len(q) for q, _ in pairs) * sum(len(t) for _, t in pairs):,} cells in [\d.]+ s, [\d,.]+ GCUPS; "
+             rf"swcli: {len(pairs)} queries \({query_residues:,} residues\) x {len(pairs)} sequences "
+             rf"\({target_residues:,} residues\): "
+             rf"{query_residues * target_residues:,} cells in [\d.]+ s, [\d,.]+ GCUPS; "
              r"scoring calls [\d.]+ s \(the op's sweep from codes\)"),
             (["align", queries, targets, "--backend", "cpu", "-q"],
              rf"swcli: {len(pairs)} pairs: {sum(len(q) * len(t) for q, t in pairs):,} cells in [\d.]+ s, "

@@ -469,8 +469,6 @@ def test_two_ranks_write_what_one_process_writes(ranks, files, capsys, tmp_path,
 def test_stats_are_rank_0s_and_count_every_ranks_work(ranks, files, capsys, tmp_path, name):
     """--stats: rank 0 says the whole run's work (the same counts as one process) and that its scoring
     calls are its own share; rank 1 says nothing."""
-    import re
-
     folder, paths = files
     argv = {n: argv for n, argv, _ in commands(paths, folder)}[name]
     at = argv.index("-o") + 1
@@ -478,8 +476,8 @@ def test_stats_are_rank_0s_and_count_every_ranks_work(ranks, files, capsys, tmp_
     first, second = ranks[name]
     assert code == first["code"] == second["code"] == 0 and second["stderr"] == ""
     number = r"[\d,.]+"
-    alone = re.sub(f"in {number} s, {number} GCUPS; scoring calls {number} s", "TIMES", err)
-    together = re.sub(f"in {number} s, {number} GCUPS; scoring calls {number} s", "TIMES", first["stderr"])
+    alone, together = (re.sub(f"in {number} s, {number} GCUPS; scoring calls {number} s", "TIMES", text)
+                       for text in (err, first["stderr"]))
     assert together == alone.rstrip("\n") + "; 2 ranks, the scoring calls rank 0's, on its share\n"
     assert "TIMES" in alone and alone.startswith("swcli: ")
 

@@ -51,8 +51,7 @@ def check(kernel, rng: torch.Generator, lengths: list[int], gaps, queries=(1, 40
     exact = ExactSearch(S, *gaps)
     for M in queries:
         query = torch.randint(0, S.shape[0], (M,), generator=rng, dtype=torch.uint8)
-        scores, overflows = kernel.scores(query.numpy(), targets.numpy(), tlen.numpy(), exact.table.numpy(),
-                                          exact.gap_open, exact.gap_extend, exact.limit)
+        scores, overflows = kernel.scores(query.numpy(), targets.numpy(), tlen.numpy(), exact)
         assert overflows == 0
         np.testing.assert_array_equal(scores.astype(np.float32), expected_scores(query, targets, tlen, S, gaps),
                                       err_msg=f"M = {M}")
@@ -109,8 +108,7 @@ def test_scores_past_int16_are_flagged(kernel):
     targets[2, :20], targets[3, :33] = query[:20], query[5:38]
     lengths = torch.tensor([40, 40, 20, 33, 40])
     exact = ExactSearch(S, -4, -4)
-    scores, overflows = kernel.scores(query.numpy(), targets.numpy(), lengths.numpy(), exact.table.numpy(),
-                                      exact.gap_open, exact.gap_extend, exact.limit)
+    scores, overflows = kernel.scores(query.numpy(), targets.numpy(), lengths.numpy(), exact)
     expected = expected_scores(query, targets, lengths, S, (-4, -4))
     assert overflows == 2 and scores[0] == -1 and scores[3] == -1 and expected[[0, 3]].tolist() == [40_000, 33_000]
     np.testing.assert_array_equal(scores[[1, 2, 4]].astype(np.float32), expected[[1, 2, 4]])
@@ -139,8 +137,7 @@ def test_alignments_with_gaps_across_lane_and_tile_edges(kernel, gaps):
     lengths = torch.full((len(sequences),), length)
     q = torch.tensor(query, dtype=torch.uint8)
     exact = ExactSearch(S, *gaps)
-    scores, overflows = kernel.scores(q.numpy(), targets.numpy(), lengths.numpy(), exact.table.numpy(),
-                                      exact.gap_open, exact.gap_extend, exact.limit)
+    scores, overflows = kernel.scores(q.numpy(), targets.numpy(), lengths.numpy(), exact)
     expected = expected_scores(q, targets, lengths, S, gaps)
     assert overflows == 0 and (expected > 150).all()  # the query's self-score with one gap, not chance
     np.testing.assert_array_equal(scores.astype(np.float32), expected)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from functools import partial
 
 import numpy as np
 import pytest
@@ -18,24 +19,15 @@ from swcli.ops import load_engine, score_checked_codes
 from swcli.reference import soft_smith_waterman_affine_reference, soft_smith_waterman_reference
 from swcli.scoring import load_matrix
 from swcli.search import Searcher, SoftSearch
-from swcli.testing import random_protein, related_protein_pairs, soft_search_model
+from swcli.testing import encoded, padded_encoded, random_protein, related_protein_pairs, soft_search_model
 
 BLOSUM62 = load_matrix("BLOSUM62")
 LINEAR = {"gap": -4.0, "gap_open": None, "gap_extend": None}
 AFFINE = {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}
 
 
-def codes(sequence: str) -> np.ndarray:
-    return np.frombuffer(BLOSUM62.encode(sequence, lambda: "test"), np.uint8).astype(np.int64)
-
-
-def padded(sequences: list[str], width: int | None = None, junk: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(B, width) codes with `junk` past each length (a real letter: the kernel must not read it), lengths."""
-    width = max([len(s) for s in sequences] + [1]) if width is None else width
-    block = np.full((len(sequences), width), junk, np.int64)
-    for b, s in enumerate(sequences):
-        block[b, :len(s)] = codes(s)
-    return block, np.array([len(s) for s in sequences], np.int64)
+codes = partial(encoded, BLOSUM62)
+padded = partial(padded_encoded, BLOSUM62)
 
 
 def reference_scores(query: str, sequences: list[str], gaps: dict, t: float) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 from swcli.ops import soft_smith_waterman
 from swcli.scoring import load_matrix
 from swcli.search import SoftSearch
-from swcli.testing import random_protein, related_protein_pairs, soft_search_model
+from swcli.testing import encoded, padded_encoded, random_protein, related_protein_pairs, soft_search_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cuda_emulation"))
 from emulate import EmulatedSearchSoft, build  # noqa: E402
@@ -36,18 +37,8 @@ def kernel(tmp_path_factory) -> EmulatedSearchSoft:
                                     "driver_search_soft.cpp"))
 
 
-def codes_of(sequences: list, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(targets (B, width) uint8, lengths (B,)) of protein strings or lists of codes, zero past each."""
-    coded = [s if isinstance(s, list) else list(BLOSUM62.encode(s, lambda: "t")) for s in sequences]
-    width = max(map(len, coded + [[0]])) if width is None else width
-    targets = np.zeros((len(coded), width), np.uint8)
-    for b, letters in enumerate(coded):
-        targets[b, :len(letters)] = letters
-    return targets, np.array([len(c) for c in coded], np.int64)
-
-
-def query_codes(query: str) -> np.ndarray:
-    return np.array(list(BLOSUM62.encode(query, lambda: "q")), np.uint8)
+codes_of = partial(padded_encoded, BLOSUM62)  # zero past each length
+query_codes = partial(encoded, BLOSUM62)
 
 
 @GAPS
@@ -64,7 +55,7 @@ def test_the_kernel_is_its_model_and_float64(kernel, gaps):
     plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
     for settings in (plan, dict(plan, upper=30, middle=20, lower=4, floor=126)):
         scores, flagged = kernel.scores(q, targets, lengths, settings)
-        expected, model_flags = soft_search_model(q.astype(np.int64), targets.astype(np.int64), lengths, settings)
+        expected, model_flags = soft_search_model(q, targets, lengths, settings)
         assert flagged == int(model_flags.sum()) == 0
         np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
     dense = BLOSUM62.tensor().double()[torch.from_numpy(q).long()[None, :, None],
@@ -118,7 +109,7 @@ def test_several_tiles_match_the_model(kernel, gaps):
     q = query_codes(query)
     plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
     scores, flagged = kernel.scores(q, targets, lengths, plan)
-    expected, model_flags = soft_search_model(q.astype(np.int64), targets.astype(np.int64), lengths, plan)
+    expected, model_flags = soft_search_model(q, targets, lengths, plan)
     assert flagged == int(model_flags.sum()) == 0 and (expected > 150).all()
     np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
 
@@ -133,7 +124,7 @@ def test_flagged_pairs_score_minus_one_and_are_counted(kernel):
     strict = dict(plan, upper=30, middle=20, lower=4, floor=0)
     loose = dict(plan, bound=1e30)
     for settings in (strict, loose):
-        _, flags = soft_search_model(q.astype(np.int64), targets.astype(np.int64), lengths, settings)
+        _, flags = soft_search_model(q, targets, lengths, settings)
         scores, count = kernel.scores(q, targets, lengths, settings)
         assert (scores < 0).tolist() == flags.tolist() and count == int(flags.sum()) > 0
         assert scores[scores < 0].tolist() == [-1.0] * count and scores[2] == 0.0

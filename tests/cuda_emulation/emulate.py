@@ -164,10 +164,10 @@ class EmulatedSearchS16:
         """common.cuh's warp_columns, as both search kernels take it."""
         return self.lib.emu_warp_columns(lanes, widest, most, step)
 
-    def scores(self, query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, table: np.ndarray, gap_open: int,
-               gap_extend: int, limit: int) -> tuple[np.ndarray, int]:
+    def scores(self, query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, exact) -> tuple[np.ndarray, int]:
         """(scores (B,) int32, overflows) of uint8 query (M,) against uint8 targets (B, N) with lengths (B,),
-        table (K, K + 1, K + 1) int32 (search.ExactSearch's)."""
+        with a search.ExactSearch's table, gaps and limit."""
+        table, gap_open, gap_extend, limit = exact.table.numpy(), exact.gap_open, exact.gap_extend, exact.limit
         query = np.ascontiguousarray(query, dtype=np.uint8)
         targets = np.ascontiguousarray(targets, dtype=np.uint8)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
