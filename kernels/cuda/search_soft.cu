@@ -255,24 +255,26 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           if (s + 1 < S) split_pow2(sig[s] - sig[s + 1], fa[s + 1], fb[s + 1]);
           }
         }
-        float d = diag[s];
         [[maybe_unused]] float left = lv;  // the linear sweep's left neighbour (affine carries xt)
         const float o = one[s];
+        // The diagonal term of each cell is taken before the cell to its left overwrites up[] in place:
+        // the old value is then dead once its cell is written, so no register moves between steps.
+        float dp = fmaf(diag[s], load_shared(at[s * kSegment] + offset), o);
 #pragma unroll
         for (int r = 0; r < kSegment; ++r) {
           const int q = s * kSegment + r;
-          const float p = load_shared(at[q] + offset);
           const float u = up[q];
+          const float dp_next = r + 1 < kSegment ? fmaf(u, load_shared(at[q + 1] + offset), o) : 0.0f;
           float x;
           if constexpr (AFFINE) {
-            x = fmaf(gf, xt + yt[q], fmaf(d, p, o));
+            x = fmaf(gf, xt + yt[q], dp);
             xt = fmaf(ef, xt, x);
             yt[q] = fmaf(ef, yt[q], x);
           } else {
-            x = fmaf(left, gf, fmaf(u, gf, fmaf(d, p, o)));
+            x = fmaf(left, gf, fmaf(u, gf, dp));
             left = x;
           }
-          d = u;
+          dp = dp_next;
           up[q] = x;
         }
         const float hi = segment_max<!AFFINE>(up, s);
