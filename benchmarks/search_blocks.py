@@ -10,11 +10,13 @@ for several limits (none: the kernel takes every query).
 Each of these for every block size (--max-cells: padded target residues a block, Searcher's max_cells):
 a launch per block and query, whose last wave of warps leaves SMs idle, so fewer and larger blocks leave
 less idle; since each warp takes the columns its own targets need, a larger block costs memory (its codes
-padded to its widest target) and, where it spans tile classes, its narrower targets' lanes, not columns. --soft-waves cuts the soft kernel's blocks at its tile classes
-too (SoftSearch.FILL_WAVES; none: by cells alone). --soft-drops sets how far below its upper limit U a
-rescaled segment of the soft kernel lands (SoftSearch.DROP, in bits: the larger, the fewer rescales where
-the sums grow along the query, as far as the plan's floor allows; where it does not, the op's sweep takes
-the search, which the row says).
+padded to its widest target) and, where it spans tile classes, its narrower targets' lanes, not columns.
+--soft-waves cuts the soft kernel's blocks at its tile classes too (SoftSearch.FILL_WAVES; none: by cells
+alone); --soft-launches scores each block's classes of lanes a group in a launch each once a class fills
+the GPU that many times (SoftSearch.LAUNCH_WAVES; none: one launch a block). --soft-drops sets how far
+below its upper limit U a rescaled segment of the soft kernel lands (SoftSearch.DROP, in bits: the
+larger, the fewer rescales where the sums grow along the query, as far as the plan's floor allows; where
+it does not, the op's sweep takes the search, which the row says).
 
 For each setting: the blocks, the padded cells over the cells (what the tiles sweep, were the kernel to
 take every block), and the CUDA-event time of the scoring calls over the 20 queries (Searcher.step, as
@@ -23,7 +25,8 @@ scored again (both passes; their time is in the kernel time).
 
     python3 benchmarks/search_blocks.py QUERIES.fasta DB.fasta [--gaps linear|affine] [--waves 0 1 2]
                                         [--max-queries 1000 0] [--max-cells 16777216 67108864]
-                                        [--soft-waves none 1] [--soft-drops 24 40]   (max-queries 0: no limit)
+                                        [--soft-waves none 1] [--soft-launches none 1] [--soft-drops 24 40]
+    (max-queries 0: no limit)
 """
 
 from __future__ import annotations
@@ -67,7 +70,9 @@ def padded_cells(searcher, query_lengths) -> tuple[int, int]:
     else:
         shapes, per_group, step = SoftSearch.SHAPES[kernel.settings["affine"]], 1, SoftSearch.SEGMENT
     lengths = searcher.lengths
-    padded = sum(swept_columns(lengths, start, stop, shapes, per_group, step) for start, stop in searcher.bounds)
+    padded = sum(swept_columns(lengths, start + first, start + last, shapes, per_group, step)
+                 for (start, stop), launches in zip(searcher.bounds, searcher.launches)
+                 for first, last, _ in launches or ((0, stop - start, 0),))
     return padded * sum(query_lengths), cells
 
 
@@ -92,10 +97,15 @@ def main(argv=None) -> int:
     parser.add_argument("--max-cells", type=int, nargs="*", default=None, help="(default: the search's)")
     parser.add_argument("--soft-waves", nargs="*", default=["none"],
                         help="SoftSearch.FILL_WAVES for the t = 1 settings: a number, or none (by cells alone)")
+    parser.add_argument("--soft-launches", nargs="*", default=None,
+                        help="SoftSearch.LAUNCH_WAVES for the t = 1 settings: a number, or none (one launch a "
+                             "block); default: the class's")
     parser.add_argument("--soft-drops", type=int, nargs="*", default=None,
                         help="SoftSearch.DROP for the t = 1 settings (default: the class's)")
     args = parser.parse_args(argv)
     soft_waves = [None if w == "none" else float(w) for w in args.soft_waves]
+    soft_launches = None if args.soft_launches is None else [None if w == "none" else float(w)
+                                                             for w in args.soft_launches]
 
     from swcli import database
     from swcli.fasta import read_fasta
@@ -113,22 +123,26 @@ def main(argv=None) -> int:
           f"{len(db):,} sequences ({int(db.lengths.sum()):,} residues), BLOSUM62, gaps {args.gaps}")
     print("| t | max cells | setting | blocks | padded / cells | kernel time | kernel GCUPS | pairs scored again |")
     print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-    chosen = ExactSearch.FILL_WAVES, dict(SoftSearch.MAX_QUERY), SoftSearch.FILL_WAVES, SoftSearch.DROP
+    chosen = (ExactSearch.FILL_WAVES, dict(SoftSearch.MAX_QUERY), SoftSearch.FILL_WAVES, SoftSearch.DROP,
+              SoftSearch.LAUNCH_WAVES)
     drops = args.soft_drops or [SoftSearch.DROP]
-    settings = [(0.0, waves, None, None, None) for waves in [math.inf, *args.waves]]
-    settings += [(1.0, None, limit, fill, drop) for drop in drops for fill in soft_waves for limit in args.max_queries]
+    launch_waves = soft_launches or [SoftSearch.LAUNCH_WAVES]
+    settings = [(0.0, waves, None, None, None, None) for waves in [math.inf, *args.waves]]
+    settings += [(1.0, None, limit, fill, drop, launch) for launch in launch_waves for drop in drops
+                 for fill in soft_waves for limit in args.max_queries]
     for max_cells in args.max_cells or [DEFAULT_MAX_CELLS]:
-        for t, waves, limit, fill, drop in settings:
+        for t, waves, limit, fill, drop, launch in settings:
             if waves is not None:
                 ExactSearch.FILL_WAVES = 1e9 if waves == math.inf else waves
                 label = "blocks by cells alone" if waves == math.inf else f"cut at classes, fill {waves:g}"
             else:
                 SoftSearch.MAX_QUERY = {False: limit or None, True: limit or None}
-                SoftSearch.FILL_WAVES, SoftSearch.DROP = fill, drop
+                SoftSearch.FILL_WAVES, SoftSearch.DROP, SoftSearch.LAUNCH_WAVES = fill, drop, launch
                 label = (f"soft kernel for queries up to {limit:,} residues" if limit else
                          "soft kernel for every query")
                 label += ", blocks by cells alone" if fill is None else f", cut at classes, fill {fill:g}"
                 label += f", drop {drop}"
+                label += ", one launch a block" if launch is None else f", a launch per class, fill {launch:g}"
             searcher = Searcher(db, matrix.tensor(device=device), gaps.get("gap"), t, 10, "cuda", device, max_cells,
                                 gap_open=gaps.get("gap_open"), gap_extend=gaps.get("gap_extend"))
             if t > 0 and searcher.soft is None:
@@ -138,7 +152,7 @@ def main(argv=None) -> int:
             print(f"| {t:g} | {max_cells:,} | {label} | {len(searcher.bounds)} | {swept / cells:.3f} | "
                   f"{seconds:.3f} s | {cells / seconds / 1e9:,.1f} | {searcher.rescored:,} |", flush=True)
             ExactSearch.FILL_WAVES, SoftSearch.MAX_QUERY = chosen[0], dict(chosen[1])
-            SoftSearch.FILL_WAVES, SoftSearch.DROP = chosen[2], chosen[3]
+            SoftSearch.FILL_WAVES, SoftSearch.DROP, SoftSearch.LAUNCH_WAVES = chosen[2], chosen[3], chosen[4]
     return 0
 
 

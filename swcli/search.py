@@ -142,7 +142,11 @@ def block_bounds(database: Database, max_cells: int, classes: "TileClasses | Non
     tile of its first (longest) sequence, so a block also ends where the lengths fall into a narrower
     class, once it holds classes.fill(width) rows: the targets that occupy the GPU once. A block of fewer
     leaves SMs idle for the whole query, which costs more than padding the next class to its tile."""
-    lengths = database.lengths
+    return length_bounds(database.lengths, max_cells, classes)
+
+
+def length_bounds(lengths: np.ndarray, max_cells: int, classes: "TileClasses | None" = None) -> list[tuple[int, int]]:
+    """block_bounds of lengths in decreasing order (a database's, or one block's rows)."""
     ends = np.zeros(0, dtype=np.int64)  # the rows where a narrower class starts
     if classes is not None and len(lengths):
         ends = np.flatnonzero(np.diff(np.searchsorted(np.asarray(classes.widths), lengths))) + 1
@@ -283,7 +287,11 @@ class ExactSearch:
     def classes(self, device) -> TileClasses:
         return TileClasses(self.SHAPES[self.affine], 2, 512, _sms(device), self.FILL_WAVES)
 
-    def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
+    def launches(self, lengths: np.ndarray, device) -> None:
+        """One launch a block: its blocks already end at its tile classes (classes)."""
+        return None
+
+    def scores(self, query: torch.Tensor, block: "Block", launches: None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores (n,) int32, -1 where 16 bits could not hold a pair; their count (1,)), queued."""
         return torch.ops.swcli.search_scores_s16(query, block.codes, block.lengths, self.table, self.gap_open,
                                                  self.gap_extend, self.limit)
@@ -313,6 +321,11 @@ class SoftSearch:
     # SM (its launch bounds).
     SHAPES = {False: ((8, 32), (16, 32), (32, 32)), True: ((8, 24), (16, 24), (32, 24))}
     FILL_WAVES = None  # blocks by cells alone: cut at its classes, the search measured no faster
+    # Within a block, a launch per tile class once the class holds LAUNCH_WAVES launches' worth of targets
+    # (launches; None: one launch a block): a launch takes its lanes a group from its widest target, so one
+    # launch for a block that spans classes gives its narrow targets the lanes of its widest. Large blocks
+    # stay large for the op's sweep of the long queries.
+    LAUNCH_WAVES = 1.0
     DROP, RISE = 24, 40  # a segment rescaled lands at 2^(U - DROP), and is rescaled up below 2^(U - DROP - RISE)
     MIN_UPPER, MIN_FLOOR = 48, 24
     # The longest query it takes, by affine: with linear gaps the op's sweep is faster for long queries
@@ -396,13 +409,31 @@ class SoftSearch:
             return None
         return TileClasses(self.SHAPES[self.settings["affine"]], 1, 512, _sms(device), self.FILL_WAVES)
 
-    def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued. The
-        block's width sets the tile shape (the operator's width 0)."""
+    def launches(self, lengths: np.ndarray, device) -> tuple[tuple[int, int, int], ...] | None:
+        """A block's launches (lengths: its rows', longest first): (start, stop, width) of the rows each
+        scores and their widest length, which sets its tile shape; None: one launch at the block's width."""
+        if self.LAUNCH_WAVES is None or not len(lengths):
+            return None
+        shapes = self.SHAPES[self.settings["affine"]]
+        # its classes by lanes a group alone: the widest lanes take every longer target, in one tile or more
+        lanes = (*shapes[:-1], (shapes[-1][0], 1 << 40))
+        classes = TileClasses(lanes, 1, 512, _sms(device), self.LAUNCH_WAVES)
+        return tuple((start, stop, int(lengths[start])) for start, stop in length_bounds(lengths, 1 << 62, classes))
+
+    def scores(self, query: torch.Tensor, block: "Block",
+               launches: tuple[tuple[int, int, int], ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued.
+        launches: from launches(); None: one, whose tile shape the block's width sets (the operator's
+        width 0). A pair's score has the same bits whatever the launch (the kernel's header)."""
         s = self.settings
-        return torch.ops.swcli.search_scores_soft(query, block.codes, block.lengths, self.powers, 0, s["affine"],
-                                                  s["gap_factor"], s["extend_factor"], s["temperature"], s["upper"],
-                                                  s["middle"], s["lower"], s["floor"], s["bound"])
+        parts = [torch.ops.swcli.search_scores_soft(query, block.codes[start:stop], block.lengths[start:stop],
+                                                    self.powers, width, s["affine"], s["gap_factor"],
+                                                    s["extend_factor"], s["temperature"], s["upper"], s["middle"],
+                                                    s["lower"], s["floor"], s["bound"])
+                 for start, stop, width in launches or ((0, block.codes.shape[0], 0),)]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([scores for scores, _ in parts]), torch.stack([count for _, count in parts]).sum(0)
 
 
 @dataclass
@@ -462,6 +493,9 @@ class Searcher:
             first, last = rows
             kept = [(start, stop) for start, stop in self.bounds if start < last and stop > first]
             self.bounds, self.owned = kept, [(max(start, first), min(stop, last)) for start, stop in kept]
+        # each block's launches of the search kernel (the same in every shard, so the same bits)
+        self.launches = [self.kernel.launches(self.lengths[start:stop], self.device) if self.kernel else None
+                         for start, stop in self.bounds]
         self.ranking = None
         if rank is not None:
             from swcli.statistics import EvalueRanking
@@ -528,7 +562,7 @@ class Searcher:
             rows = block.codes.shape[0]
             timing = self.timing()
             if kernel is not None:
-                scored, flagged = kernel.scores(query, block)
+                scored, flagged = kernel.scores(query, block, self.launches[index])
                 pending.flagged.append((block, scored, flagged))
                 scores = scored.float()
             else:

@@ -158,7 +158,8 @@ class TestCudaSearchSoft:
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
     def test_blocks_cut_at_every_tile_class_or_none_give_the_same_bits(self, gaps, monkeypatch):
         """Targets from 2,500 residues down to 1 in the search's blocks: one block (each target in the
-        widest tile), or a block per tile class (block_bounds with no fill)."""
+        widest tile), a block per tile class (block_bounds with no fill), or one block with a launch per
+        class of lanes a group (SoftSearch.launches with no fill)."""
         load_engine("cuda")
         rng = random.Random(50_150)
         sequences = [random_protein(rng, n) for n in [2500, 1100, 1000, 800, 600, 500, 400, 300, 200, 150, 100, 70,
@@ -168,15 +169,20 @@ class TestCudaSearchSoft:
         query = torch.tensor(list(BLOSUM62.encode(sequences[5][:300], lambda: "q")), dtype=torch.uint8,
                              device=self.device)
         results = []
-        for waves, blocks in ((1e9, 1), (0.0, 4)):  # the classes: 3 single tiles, then several
+        # the classes: 3 single tiles, then several; the lanes a group: 8 (to 256 columns), 16, 32
+        for waves, launch_waves, blocks, launches in ((1e9, None, 1, [None]), (0.0, None, 4, [None] * 4),
+                                                      (1e9, 0.0, 1, [3])):
             monkeypatch.setattr(SoftSearch, "FILL_WAVES", waves)
+            monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", launch_waves)
             searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], 1.0, 10, "cuda", self.device,
                                 gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
             assert len(searcher.bounds) == blocks and searcher.soft is not None
-            parts = [searcher.soft.scores(query, block) for block in searcher.blocks()]
+            assert [parts and len(parts) for parts in searcher.launches] == launches
+            parts = [searcher.soft.scores(query, block, launch)
+                     for block, launch in zip(searcher.blocks(), searcher.launches)]
             assert all(int(flagged.item()) == 0 for _, flagged in parts)
             results.append(torch.cat([scores for scores, _ in parts]))
-        assert torch.equal(results[0], results[1])
+        assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
 
     def test_an_odd_batch_and_junk_past_the_lengths(self):
         load_engine("cuda")

@@ -153,6 +153,29 @@ def test_block_bounds_end_at_a_kernels_tile_classes_once_the_gpu_is_full():
     assert block_bounds(_Lengths(lengths), 10 ** 6) == [(0, 19)]
 
 
+def test_soft_launches_split_a_block_at_its_lanes_a_group(monkeypatch):
+    """SoftSearch.launches: a launch per class of lanes a group (8 lanes to 256 columns, 16 to 512, 32 past,
+    in one tile or more; affine 192 and 384) once the class fills the GPU LAUNCH_WAVES times; each launch's
+    width is its first (longest) length; None for one launch."""
+    from swcli import search
+    from swcli.search import SoftSearch
+
+    monkeypatch.setattr(search, "_sms", lambda device: 2)  # fill: waves x 2 SMs x 512 threads / lanes
+    lengths = np.array([3000, 1100, 1024, 600, 513, 512, 400, 300, 257, 256, 200, 100, 1, 0])
+    linear, affine = SoftSearch(None, {"affine": False}), SoftSearch(None, {"affine": True})
+    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", 0.0)
+    assert linear.launches(lengths, "cuda") == ((0, 5, 3000), (5, 9, 512), (9, 14, 256))
+    assert affine.launches(lengths, "cuda") == ((0, 7, 3000), (7, 11, 300), (11, 14, 100))
+    assert linear.launches(lengths[9:], "cuda") == ((0, 5, 256),)
+    assert linear.launches(lengths[:0], "cuda") is None
+    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", 1.0)  # 32 rows at 32 lanes: the block is one launch
+    assert linear.launches(lengths, "cuda") == ((0, 14, 3000),)
+    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", 1 / 8)  # 4 rows at 32 lanes, 8 at 16: the last two classes merge
+    assert linear.launches(lengths, "cuda") == ((0, 5, 3000), (5, 14, 512))
+    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", None)
+    assert linear.launches(lengths, "cuda") is None
+
+
 @pytest.mark.parametrize("source, name", [("search_s16.cu", "kMaxColumns"), ("search_soft.cu", "kMostColumns")])
 def test_the_search_kernels_shapes_are_their_sources(source, name):
     """ExactSearch.SHAPES and SoftSearch.SHAPES are the kernels' launch classes (read from their sources):
