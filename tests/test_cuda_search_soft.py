@@ -16,8 +16,9 @@ from swcli.fasta import FastaRecord, read_fasta
 from swcli.ops import load_engine
 from swcli.scoring import load_matrix
 from swcli.search import Searcher, SoftSearch, make_block, search
-from swcli.testing import (cuda, padded_code_targets, random_protein, random_search_set, related_protein_pairs,
-                           requires_cuda, search_block, search_block_lengths, slow, soft_search_model)
+from swcli.testing import (cuda, encoded, padded_code_targets, padded_encoded, random_protein, random_search_set,
+                           related_protein_pairs, requires_cuda, search_block, search_block_lengths, slow,
+                           soft_search_model)
 
 BLOSUM62 = load_matrix("BLOSUM62")
 LINEAR = {"gap": -4.0, "gap_open": None, "gap_extend": None}
@@ -225,6 +226,35 @@ class TestCudaSearchSoft:
             expected, flagged = soft_search_model(q, block, lengths, settings)
             assert int(count.item()) == int(flagged.sum()) == 0
             np.testing.assert_allclose(scores.cpu().numpy(), expected, rtol=1e-6, atol=1e-7)
+
+    @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+    def test_the_floors_check_flags_what_the_model_flags(self, gaps):
+        """Segments past the floor are checked cell by cell only where their first cell does not bound
+        their cells above it: with floors from 2^0 to 2^-40 and values up to 2^60, the same flags as the
+        model (which checks every cell), some pairs flagged and some not, and the same scores."""
+        load_engine("cuda")
+        S = BLOSUM62.tensor(device=self.device)
+        pairs = related_protein_pairs(55, 6, 200, 320)
+        rng = random.Random(55)
+        query = pairs[0][0]
+        sequences = [t for _, t in pairs] + [random_protein(rng, rng.randint(150, 400)) for _ in range(6)]
+        targets, lengths = padded_encoded(BLOSUM62, sequences)
+        q = encoded(BLOSUM62, query)
+        plan = SoftSearch.plan(S, 1.0, **gaps)
+        counts = []
+        for floor in (0, 8, 16, 24, 40):
+            settings = dict(plan, upper=60, middle=40, lower=20, floor=floor)
+            soft = SoftSearch(torch.from_numpy(settings["powers"]).to(self.device),
+                              {k: v for k, v in settings.items() if k != "powers"})
+            scores, count = soft.scores(torch.from_numpy(q).to(torch.uint8).to(self.device),
+                                        search_block(torch.from_numpy(targets).to(torch.uint8).to(self.device),
+                                                     torch.from_numpy(lengths).to(self.device)))
+            expected, flags = soft_search_model(q, targets, lengths, settings)
+            scores = scores.cpu().numpy()
+            assert (scores < 0).tolist() == flags.tolist() and int(count.item()) == int(flags.sum())
+            np.testing.assert_allclose(scores[~flags], expected[~flags], rtol=1e-6, atol=1e-7)
+            counts.append(int(flags.sum()))
+        assert counts[0] > 0 and counts[-1] < len(sequences), counts
 
     def test_flagged_pairs_score_minus_one_and_are_counted(self):
         """A floor of 2^0 with a low upper exponent flags the strong pairs (as the model says); a bound of

@@ -128,3 +128,28 @@ def test_flagged_pairs_score_minus_one_and_are_counted(kernel):
         scores, count = kernel.scores(q, targets, lengths, settings)
         assert (scores < 0).tolist() == flags.tolist() and count == int(flags.sum()) > 0
         assert scores[scores < 0].tolist() == [-1.0] * count and scores[2] == 0.0
+
+
+@GAPS
+def test_the_floors_check_flags_what_the_model_flags(kernel, gaps):
+    """Segments past the floor (sigma > F) are checked cell by cell only where their first cell does not
+    bound their cells above it: with floors from 2^0 to 2^-40 and values up to 2^60, strong and weak
+    pairs (some flagged, some not), the same flags as the model, which checks every cell, and the same
+    scores."""
+    pairs = related_protein_pairs(74, 6, 200, 320)
+    rng = random.Random(74)
+    query = pairs[0][0]
+    sequences = [t for _, t in pairs] + [random_protein(rng, rng.randint(150, 400)) for _ in range(6)]
+    targets, lengths = codes_of(sequences)
+    q = query_codes(query)
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
+    counts = []
+    for floor in (0, 8, 16, 24, 40):
+        settings = dict(plan, upper=60, middle=40, lower=20, floor=floor)
+        scores, flagged = kernel.scores(q, targets, lengths, settings)
+        expected, model_flags = soft_search_model(q, targets, lengths, settings)
+        assert (scores < 0).tolist() == model_flags.tolist() and flagged == int(model_flags.sum())
+        kept = ~model_flags
+        np.testing.assert_allclose(scores[kept], expected[kept], rtol=1e-6, atol=1e-7)
+        counts.append(flagged)
+    assert counts[0] > 0 and counts[-1] < len(sequences), counts

@@ -36,8 +36,9 @@
 //   factor times the segment's largest value or its input.
 // - A value under 2^-126 flushes to 0. Cells are at least 2^-sigma (the 1), so where sigma <= F every cell
 //   is at least 2^-F and a flushed term is under 2^-26 of any cell it enters. A segment with sigma > F has
-//   each cell inside the target checked against 2^-F; a pair that fails, or whose best cell is not a finite
-//   float, is flagged: score -1, counted in *flagged. The caller scores it again through the general op.
+//   each cell inside the target checked against 2^-F (by one test of its first cell where that bounds
+//   them all, else cell by cell); a pair that fails, or whose best cell is not a finite float, is
+//   flagged: score -1, counted in *flagged. The caller scores it again through the general op.
 // - Columns past a target's end read the padding letter (P = 0) and are swept as the others, so the best
 //   cell may be one of them. Their values are bounded: a padded cell is 1 + G (up + left) (affine: the
 //   same with O and E), so they never pass max(best inside, bound), bound = 1 / (1 - 2G) (affine
@@ -130,6 +131,7 @@ struct SoftLane {
   const uint8_t* codes;  // the target
   Edge<AFFINE>* edge;    // the group's tile edges, where its target takes several tiles
   float upper, floor_value, lower;
+  float floor_first;  // a segment whose first cell is at least this has every cell above the floor
   unsigned ring_lane;  // the first slot the lane reads in its letter's rows
 };
 
@@ -146,7 +148,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
   float* const ring = w.ring;
   const uint8_t* const codes = w.codes;
   Edge<AFFINE>* const edge = w.edge;
-  const float upper = w.upper, floor_value = w.floor_value, lower = w.lower;
+  const float upper = w.upper, floor_value = w.floor_value, lower = w.lower, floor_first = w.floor_first;
   const float gf = call.gap_factor, ef = call.extend_factor;  // G, or O and E - O
   const unsigned ring_lane = w.ring_lane;
   Edge<AFFINE> border{};
@@ -297,6 +299,11 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
 #pragma unroll
         for (int s = 0; s < S; ++s) {
           if (sig[s] <= call.floor) continue;
+          // Each cell is at least C times its left neighbour (C: G (1 - 2^-24); affine O (1 - 2^-24),
+          // through X~), so the segment's cells are at least C^7 times its first: where that clears the
+          // floor (floor_first: 2^-F / C^7, rounded up), which long sweeps almost always do, one test
+          // stands for the 8 cells.
+          if (up[s * kSegment] >= floor_first) continue;
           float lo = FLT_MAX;
 #pragma unroll
           for (int r = 0; r < kSegment; ++r)
@@ -367,6 +374,10 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   w.codes = call.target + b * call.N;
   w.edge = call.boundary ? static_cast<Edge<AFFINE>*>(call.boundary) + group * int64_t(M) : nullptr;
   w.upper = pow2_int(call.upper), w.floor_value = pow2_int(-call.floor), w.lower = pow2_int(call.lower);
+  const double chain = double(call.gap_factor) * (1.0 - 1e-6);  // 1 - 1e-6 < (1 - 2^-24)^7
+  const double floor_first = ldexp(1.0, -call.floor) / (chain * chain * chain * chain * chain * chain * chain);
+  w.floor_first = float(floor_first);
+  if (double(w.floor_first) < floor_first) w.floor_first = nextafterf(w.floor_first, INFINITY);
   // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
   w.ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
   const int widest = __reduce_max_sync(kFull, unsigned(w.len));
