@@ -191,7 +191,8 @@ class FlaggingKernel:
     def __init__(self, searcher: Searcher, flag):
         self.searcher, self.flag = searcher, flag
 
-    def scores(self, query, block):
+    def scores(self, query, block, launches=None):
+        assert launches is None  # the searcher had no kernel to plan launches for
         s = self.searcher
         scores = score_checked_codes(query.expand(block.codes.shape[0], -1), block.codes, s.matrix, s.gap,
                                      s.temperature, None, block.lengths, s.backend)
