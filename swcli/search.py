@@ -328,10 +328,10 @@ class SoftSearch:
     LAUNCH_WAVES = 1.0
     DROP, RISE = 24, 40  # a segment rescaled lands at 2^(U - DROP), and is rescaled up below 2^(U - DROP - RISE)
     MIN_UPPER, MIN_FLOOR = 48, 24
-    # The longest query it takes, by affine: with linear gaps the op's sweep is faster for long queries
-    # (benchmarks/search_blocks.py in docs/benchmarks/h200.md), which then take it for the whole query, so
-    # that a query's blocks share one path; with affine gaps the kernel is the faster for every query.
-    MAX_QUERY = {False: 1000, True: None}
+    # The longest query it takes, by affine (None: every query); longer ones take the op's sweep for the
+    # whole query, so that a query's blocks share one path. With either gaps the kernel is the faster for
+    # every query (benchmarks/search_blocks.py --max-queries in docs/benchmarks/h200.md).
+    MAX_QUERY = {False: None, True: None}
     LETTERS = 55  # the most letters whose profile rings fit 96 KB of shared memory a block
 
     def __init__(self, powers: torch.Tensor, settings: dict):

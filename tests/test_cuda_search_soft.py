@@ -316,14 +316,15 @@ class TestCudaSearchSoft:
                              max_cells=1 << 14, gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"]))
         assert_cpu_hits(on_gpu, codes, db, gaps, 20, rtol=2e-6, atol=1e-5)
 
-    def test_queries_past_the_limit_take_the_ops_sweep(self):
-        """Queries on both sides of SoftSearch.MAX_QUERY (linear gaps) in one search: the CPU engine's hits,
+    def test_queries_past_the_limit_take_the_ops_sweep(self, monkeypatch):
+        """Queries on both sides of a SoftSearch.MAX_QUERY (linear gaps) in one search: the CPU engine's hits,
         none flagged by a kernel that did not score them."""
         rng = random.Random(50_500)
         sequences = [random_protein(rng, rng.randint(1, 300)) for _ in range(120)]
         db = database.build([FastaRecord("db.fa", k + 1, f"s{k}", s) for k, s in enumerate(sequences)], BLOSUM62,
                             "db.fa")
-        limit = SoftSearch.MAX_QUERY[False]
+        limit = 400
+        monkeypatch.setattr(SoftSearch, "MAX_QUERY", {False: limit, True: None})
         queries = [random_protein(rng, n) for n in (40, limit, limit + 1)]
         codes = [BLOSUM62.encode(q, lambda: "query") for q in queries]
         load_engine("cuda")
@@ -378,16 +379,17 @@ class TestCudaSearchSoft:
         torch.testing.assert_close(scores.double(), float64_scores(query, targets, tlen, gaps, t), rtol=2e-6,
                                    atol=2e-6)
 
-    def test_which_kernel_the_searcher_takes(self):
+    def test_which_kernel_the_searcher_takes(self, monkeypatch):
         load_engine("cuda")
         db = database.build([FastaRecord("db.fa", 1, "s0", "MKVLA"), FastaRecord("db.fa", 2, "s1", "WW")], BLOSUM62,
                             "db.fa")
         soft = Searcher(db, BLOSUM62.tensor(), -4.0, 1.0, 5, "cuda", self.device)
         assert soft.soft is not None and soft.kernel is soft.soft
-        limit = SoftSearch.MAX_QUERY[False]
-        assert soft.kernel_for(limit) is soft.soft and soft.kernel_for(limit + 1) is None
+        assert SoftSearch.MAX_QUERY == {False: None, True: None} and soft.kernel_for(100_000) is soft.soft
         affine = Searcher(db, BLOSUM62.tensor(), None, 1.0, 5, "cuda", self.device, gap_open=-11.0, gap_extend=-1.0)
-        assert SoftSearch.MAX_QUERY[True] is None and affine.kernel_for(100_000) is affine.soft
+        assert affine.kernel_for(100_000) is affine.soft
+        monkeypatch.setattr(SoftSearch, "MAX_QUERY", {False: 1000, True: None})
+        assert soft.kernel_for(1000) is soft.soft and soft.kernel_for(1001) is None
         exact = Searcher(db, BLOSUM62.tensor(), -4.0, 0.0, 5, "cuda", self.device)
         assert exact.exact is not None and exact.soft is None
         general = Searcher(db, BLOSUM62.tensor(), -4.0, 0.5, 5, "cuda", self.device)
