@@ -26,6 +26,17 @@ AFFINE = {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def soft_scores(settings: dict, query, targets, lengths, device) -> tuple[np.ndarray, int]:
+    """The soft kernel's scores (on the host) and flagged count for SoftSearch.plan's settings (its powers
+    included) and codes on the host, numpy or torch: the emulated kernel's interface."""
+    soft = SoftSearch(torch.as_tensor(settings["powers"]).to(device),
+                      {k: v for k, v in settings.items() if k != "powers"})
+    scores, count = soft.scores(torch.as_tensor(query).to(torch.uint8).to(device),
+                                search_block(torch.as_tensor(targets).to(torch.uint8).to(device),
+                                             torch.as_tensor(lengths).to(device)))
+    return scores.cpu().numpy(), int(count.item())
+
+
 def float64_scores(query: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor, gaps: dict, t: float):
     """The float64 engine's scores, on the CPU (the CUDA engine takes a single long pair in 1-column
     lanes, slowly): dense float64 score matrices (the codes path computes in float32), a chunk of targets
@@ -218,14 +229,10 @@ class TestCudaSearchSoft:
         q = np.array(list(BLOSUM62.encode(query, lambda: "q")))
         plan = SoftSearch.plan(S, 1.0, **gaps)
         for settings in (plan, dict(plan, upper=30, middle=20, lower=4, floor=126)):
-            soft = SoftSearch(torch.from_numpy(settings["powers"]).to(self.device),
-                              {k: v for k, v in settings.items() if k != "powers"})
-            scores, count = soft.scores(torch.from_numpy(q).to(torch.uint8).to(self.device),
-                                        search_block(torch.from_numpy(block).to(torch.uint8).to(self.device),
-                                                 torch.from_numpy(lengths).to(self.device)))
+            scores, count = soft_scores(settings, q, block, lengths, self.device)
             expected, flagged = soft_search_model(q, block, lengths, settings)
-            assert int(count.item()) == int(flagged.sum()) == 0
-            np.testing.assert_allclose(scores.cpu().numpy(), expected, rtol=1e-6, atol=1e-7)
+            assert count == int(flagged.sum()) == 0
+            np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
 
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
     def test_the_floors_check_flags_what_the_model_flags(self, gaps):
@@ -244,14 +251,9 @@ class TestCudaSearchSoft:
         counts = []
         for floor in (0, 8, 16, 24, 40):
             settings = dict(plan, upper=60, middle=40, lower=20, floor=floor)
-            soft = SoftSearch(torch.from_numpy(settings["powers"]).to(self.device),
-                              {k: v for k, v in settings.items() if k != "powers"})
-            scores, count = soft.scores(torch.from_numpy(q).to(torch.uint8).to(self.device),
-                                        search_block(torch.from_numpy(targets).to(torch.uint8).to(self.device),
-                                                     torch.from_numpy(lengths).to(self.device)))
+            scores, count = soft_scores(settings, q, targets, lengths, self.device)
             expected, flags = soft_search_model(q, targets, lengths, settings)
-            scores = scores.cpu().numpy()
-            assert (scores < 0).tolist() == flags.tolist() and int(count.item()) == int(flags.sum())
+            assert (scores < 0).tolist() == flags.tolist() and count == int(flags.sum())
             np.testing.assert_allclose(scores[~flags], expected[~flags], rtol=1e-6, atol=1e-7)
             counts.append(int(flags.sum()))
         assert counts[0] > 0 and counts[-1] < len(sequences), counts
@@ -276,10 +278,8 @@ class TestCudaSearchSoft:
         model_scores, below_bound = soft_search_model(q.long().numpy(), codes.long().numpy(), lengths.numpy(), loose)
         assert below_bound.tolist() == [False, False, False, True, True] and model_scores[1] > 69 > model_scores[4]
         for settings, flags in ((strict, expected.tolist()), (loose, below_bound.tolist())):
-            soft = SoftSearch(torch.from_numpy(settings["powers"]).to(self.device),
-                              {k: v for k, v in settings.items() if k != "powers"})
-            scores, count = soft.scores(q.to(self.device), search_block(codes.to(self.device), lengths.to(self.device)))
-            assert (scores < 0).tolist() == flags and int(count.item()) == sum(flags)
+            scores, count = soft_scores(settings, q, codes, lengths, self.device)
+            assert (scores < 0).tolist() == flags and count == sum(flags)
             assert scores[scores < 0].tolist() == [-1.0] * sum(flags) and scores[2].item() == 0.0
 
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
