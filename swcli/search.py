@@ -433,7 +433,7 @@ class SoftSearch:
                  for start, stop, width in launches or ((0, block.codes.shape[0], 0),)]
         if len(parts) == 1:
             return parts[0]
-        return torch.cat([scores for scores, _ in parts]), torch.stack([count for _, count in parts]).sum(0)
+        return torch.cat([scores for scores, _ in parts]), sum(count for _, count in parts)  # (1,) int32, as one
 
 
 @dataclass
