@@ -209,6 +209,19 @@ class TestCudaSearchSoft:
             junk[torch.arange(300, device=self.device)[None, :] >= tlen[:, None]] = 0  # 'A': a real letter
             assert torch.equal(soft.scores(query, search_block(junk, tlen))[0], clean)
 
+    def test_exponents_out_of_range_are_refused(self):
+        """The op checks its exponents: past [-126, 126] the scales leave the float range, and they must
+        order lower < middle < upper."""
+        load_engine("cuda")
+        plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **LINEAR)
+        targets, lengths = padded_encoded(BLOSUM62, ["MKV", "W"])
+        query = encoded(BLOSUM62, "MKVL")
+        assert soft_scores(plan, query, targets, lengths, self.device)[1] == 0
+        for bad in (dict(middle=plan["upper"]), dict(upper=127), dict(lower=plan["middle"]), dict(lower=-127),
+                    dict(floor=127), dict(floor=-1)):
+            with pytest.raises(RuntimeError, match="exponents must be"):
+                soft_scores(dict(plan, **bad), query, targets, lengths, self.device)
+
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
     def test_the_kernel_is_its_model(self, gaps):
         """The kernel and its NumPy model (the same algorithm, float32) on random and related pairs, with

@@ -37,8 +37,9 @@
 // - A value under 2^-126 flushes to 0. Cells are at least 2^-sigma (the 1), so where sigma <= F every cell
 //   is at least 2^-F and a flushed term is under 2^-26 of any cell it enters. A segment with sigma > F has
 //   each cell inside the target checked against 2^-F (by one test of its first cell where that bounds
-//   them all, else cell by cell); a pair that fails, or whose best cell is not a finite float, is
-//   flagged: score -1, counted in *flagged. The caller scores it again through the general op.
+//   them all, else cell by cell; linear: only where a bound from the segment's inputs does not hold); a
+//   pair that fails, or whose best cell is not a finite float, is flagged: score -1, counted in *flagged.
+//   The caller scores it again through the general op.
 // - Columns past a target's end read the padding letter (P = 0) and are swept as the others, so the best
 //   cell may be one of them. Their values are bounded: a padded cell is 1 + G (up + left) (affine: the
 //   same with O and E), so they never pass max(best inside, bound), bound = 1 / (1 - 2G) (affine
@@ -132,6 +133,7 @@ struct SoftLane {
   Edge<AFFINE>* edge;    // the group's tile edges, where its target takes several tiles
   float upper, floor_value, lower;
   float floor_first;  // a segment whose first cell is at least this has every cell above the floor
+  float floor_inputs;  // linear: a segment whose inputs (up or left of its first cell) reach this, too
   unsigned ring_lane;  // the first slot the lane reads in its letter's rows
 };
 
@@ -149,6 +151,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
   const uint8_t* const codes = w.codes;
   Edge<AFFINE>* const edge = w.edge;
   const float upper = w.upper, floor_value = w.floor_value, lower = w.lower, floor_first = w.floor_first;
+  [[maybe_unused]] const float floor_inputs = w.floor_inputs;
   const float gf = call.gap_factor, ef = call.extend_factor;  // G, or O and E - O
   const unsigned ring_lane = w.ring_lane;
   Edge<AFFINE> border{};
@@ -232,6 +235,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       }
       if (decltype(ramp)::value && unsigned(i) >= unsigned(M)) return;
       bool rescaling = false;  // some segment's largest value left [2^L, 2^U]
+      [[maybe_unused]] bool unsure = false;  // linear: some segment with sigma > F may have a cell under 2^-F
       // linear: each segment's largest value this step, kept for the rescaling below
       [[maybe_unused]] float his[AFFINE ? 1 : S];
       float x_last = x_in, xt_last = xt_in;
@@ -258,6 +262,10 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           }
         }
         [[maybe_unused]] float left = lv;  // the linear sweep's left neighbour (affine carries xt)
+        // Linear: the first cell is at least C times either input and each next one C times its left (C:
+        // G (1 - 2^-24)), so where an input reaches 2^-F / C^8 every cell does. Tested here, on values
+        // already in registers, the floor's branch below is entered only where this bound fails.
+        if constexpr (!AFFINE) unsure |= sig[s] > call.floor && !(max(lv, up[s * kSegment]) >= floor_inputs);
         const float o = one[s];
         // The diagonal term of each cell is taken before the cell to its left overwrites up[] in place:
         // the old value is then dead once its cell is written, so no register moves between steps.
@@ -293,9 +301,11 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         if constexpr (AFFINE) e.xt = xt_send;
         edge[i] = e;
       }
-      if (any(deep, ramp)) {  // the cells inside the target of each segment with sigma > F, against the floor
+      // The cells inside the target of each segment with sigma > F, against the floor (linear: where the
+      // inputs' bound did not hold).
+      if (any(AFFINE ? deep : unsure, ramp)) {
         converge(ramp);
-        if (deep) {
+        if (AFFINE ? deep : unsure) {
 #pragma unroll
         for (int s = 0; s < S; ++s) {
           if (sig[s] <= call.floor) continue;
@@ -378,6 +388,8 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   const double floor_first = ldexp(1.0, -call.floor) / (chain * chain * chain * chain * chain * chain * chain);
   w.floor_first = float(floor_first);
   if (double(w.floor_first) < floor_first) w.floor_first = nextafterf(w.floor_first, INFINITY);
+  w.floor_inputs = float(floor_first / chain);
+  if (double(w.floor_inputs) < floor_first / chain) w.floor_inputs = nextafterf(w.floor_inputs, INFINITY);
   // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
   w.ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
   const int widest = __reduce_max_sync(kFull, unsigned(w.len));
