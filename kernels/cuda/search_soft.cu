@@ -86,6 +86,12 @@ __device__ __forceinline__ void split_pow2(int d, float& a, float& b) {
 
 __device__ __forceinline__ int exponent_of(float x) { return int(__float_as_uint(x) >> 23) - 127; }
 
+// The least float at or above x: a bound that stays one when rounded to float.
+__device__ __forceinline__ float float_at_least(double x) {
+  const float f = float(x);
+  return double(f) < x ? nextafterf(f, INFINITY) : f;
+}
+
 // The largest of segment s's 8 values, a NaN if any is one. LINEAR: the cells are sums of products of
 // values >= 0 (never -0), and a NaN made on the GPU is 0x7fffffff, so their bits order as signed integers
 // as the values do, a NaN above all: three-way integer maxima (VIMNMX3, one instruction for three) take 4
@@ -386,10 +392,8 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   w.upper = pow2_int(call.upper), w.floor_value = pow2_int(-call.floor), w.lower = pow2_int(call.lower);
   const double chain = double(call.gap_factor) * (1.0 - 1e-6);  // 1 - 1e-6 < (1 - 2^-24)^7
   const double floor_first = ldexp(1.0, -call.floor) / (chain * chain * chain * chain * chain * chain * chain);
-  w.floor_first = float(floor_first);
-  if (double(w.floor_first) < floor_first) w.floor_first = nextafterf(w.floor_first, INFINITY);
-  w.floor_inputs = float(floor_first / chain);
-  if (double(w.floor_inputs) < floor_first / chain) w.floor_inputs = nextafterf(w.floor_inputs, INFINITY);
+  w.floor_first = float_at_least(floor_first);            // 2^-F / C^7
+  w.floor_inputs = float_at_least(floor_first / chain);   // 2^-F / C^8
   // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
   w.ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
   const int widest = __reduce_max_sync(kFull, unsigned(w.len));
