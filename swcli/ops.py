@@ -135,7 +135,7 @@ SCHEMAS["search_scores_s16"] = ("(Tensor query, Tensor target, Tensor target_len
 # Soft search scores at t > 0 in float32, CUDA only (kernels/cuda/search_soft.cu; search.SoftSearch).
 SCHEMAS["search_scores_soft"] = ("(Tensor query, Tensor target, Tensor target_lengths, Tensor powers, int width, "
                                  "bool affine, float gap_factor, float extend_factor, float temperature, int upper, "
-                                 "int middle, int lower, int floor, float bound) -> (Tensor, Tensor)")
+                                 "int middle, int floor, float bound) -> (Tensor, Tensor)")
 
 # lane_columns of the CUDA engine's dense linear operators (scores, forward, backward) that asks for tiles of
 # long pairs at any size (tests, tools); 0 takes them for long pairs in small batches (kernels/cuda/ops.cpp,
@@ -401,7 +401,7 @@ def _search_scores_s16_fake(query, target, target_lengths, table, gap_open, gap_
 
 @torch.library.register_fake("swcli::search_scores_soft")
 def _search_scores_soft_fake(query, target, target_lengths, powers, width, affine, gap_factor, extend_factor,
-                             temperature, upper, middle, lower, floor, bound):
+                             temperature, upper, middle, floor, bound):
     return target.new_empty(target.shape[0], dtype=torch.float32), target.new_empty(1, dtype=torch.int32)
 
 

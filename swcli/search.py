@@ -304,7 +304,8 @@ class SoftSearch:
 
     * upper U: one step's growth stays in the float range (the growth factor of a cell over its segment's
       largest value or its input, and for affine gaps X~ = X / O up to 2^(-o c) above H);
-    * middle T, lower L: a segment rescaled lands at 2^T; rescaled up once below 2^L (DROP, RISE below);
+    * middle T: a segment rescaled lands at 2^T (DROP below), a linear one whose input passed 2^U at
+      2^(2T - U); a segment with sigma > F whose first cell nears 2^-F is rescaled up, to 2^T;
     * floor F: a flushed term (under 2^-126) times the largest P stays under 2^-26 of a cell above 2^-F;
     * bound: the padding's cells are at most max(best inside, bound), 1 / (1 - 2G) (affine
       1 / (1 - 2 O / (1 - E + O))), so a best cell above it is a cell of the target.
@@ -326,7 +327,7 @@ class SoftSearch:
     # launch for a block that spans classes gives its narrow targets the lanes of its widest. Large blocks
     # stay large for the op's sweep of the long queries.
     LAUNCH_WAVES = 1.0
-    DROP, RISE = 24, 40  # a segment rescaled lands at 2^(U - DROP), and is rescaled up below 2^(U - DROP - RISE)
+    DROP = 24  # a segment rescaled lands at 2^(U - DROP)
     MIN_UPPER, MIN_FLOOR = 48, 24
     # The longest query it takes, by affine (None: every query); longer ones take the op's sweep for the
     # whole query, so that a query's blocks share one path. With either gaps the kernel is the faster for
@@ -378,13 +379,13 @@ class SoftSearch:
             return None
         upper = 126 - (math.ceil(math.log2(growth)) + 1) - above
         middle = upper - cls.DROP
-        lower = middle - cls.RISE
         floor = 100 - max(math.ceil(math.log2(largest)), 0)
-        if upper < cls.MIN_UPPER or floor < cls.MIN_FLOOR or spread > lower + floor:
+        # A segment near the floor rises to 2^T: its cells must then fit in the T + F bits above 2^-F.
+        if upper < cls.MIN_UPPER or floor < cls.MIN_FLOOR or spread > middle + floor:
             return None
         return {"powers": powers, "affine": affine, "gap_factor": factors[0], "extend_factor": factors[1],
-                "temperature": float(temperature), "upper": upper, "middle": middle, "lower": max(lower, -126),
-                "floor": floor, "bound": float(np.nextafter(np.float32(bound * (1 + 1e-5)), np.float32(np.inf)))}
+                "temperature": float(temperature), "upper": upper, "middle": middle, "floor": floor,
+                "bound": float(np.nextafter(np.float32(bound * (1 + 1e-5)), np.float32(np.inf)))}
 
     @classmethod
     def of(cls, matrix: torch.Tensor, temperature: float, gap: float | None, gap_open: float | None,
@@ -429,7 +430,7 @@ class SoftSearch:
         parts = [torch.ops.swcli.search_scores_soft(query, block.codes[start:stop], block.lengths[start:stop],
                                                     self.powers, width, s["affine"], s["gap_factor"],
                                                     s["extend_factor"], s["temperature"], s["upper"], s["middle"],
-                                                    s["lower"], s["floor"], s["bound"])
+                                                    s["floor"], s["bound"])
                  for start, stop, width in launches or ((0, block.codes.shape[0], 0),)]
         if len(parts) == 1:
             return parts[0]

@@ -580,6 +580,21 @@ def _scaled_key(sigma, x) -> np.ndarray:
     return (np.asarray(sigma, np.int64) << 23) + np.asarray(x, np.float32).view(np.int32).astype(np.int64)
 
 
+def soft_floor_first(plan: dict) -> np.float32:
+    """The kernel's floor_first, 2^-F / C^7 (C = G (1 - 1e-6), under G (1 - 2^-24); affine O for G), the
+    least float at or above it: a segment whose first cell reaches it has every cell above the floor 2^-F."""
+    chain = plan["gap_factor"] * (1.0 - 1e-6)
+    bound = math.ldexp(1.0, -plan["floor"]) / (chain * chain * chain * chain * chain * chain * chain)  # its order
+    f = np.float32(bound)
+    return np.nextafter(f, np.float32(np.inf)) if float(f) < bound else f
+
+
+def soft_rises(hi, first, sigma, plan: dict) -> np.ndarray:
+    """Which segments the kernel rescales up (to 2^T): those with sigma > F whose first cell is under
+    soft_floor_first, where their largest value hi is under 2^T."""
+    return (np.asarray(sigma) > plan["floor"]) & (first < soft_floor_first(plan)) & (hi < _pow2(plan["middle"]))
+
+
 def soft_segment_cells(up, yt, diag, left, xt, powers, one, plan: dict):
     """One row of a segment's 8 cells (B, 8), in the kernel's order of operations: the stored values of
     the row above (up) and, for affine gaps, Y~ of this row (yt), the diagonal factor of the first column
@@ -607,8 +622,9 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
     and which pairs it flags, from search.SoftSearch.plan's settings: the same cells, 8-column scales,
     rescaling rules, checks and padding, segment by segment along each row (the order of the kernel's
     wavefront within a row; its lanes and tiles hand on the same values). float32 with flushing, the
-    fused multiply-adds up to a last-bit rounding. counts, if given, gets the rescalings and segment
-    steps. Flagged pairs' scores are what the sweep ended with: the kernel writes -1 instead."""
+    fused multiply-adds up to a last-bit rounding. counts, if given, gets the rescalings, the rescalings
+    up (rises) and the segment steps. Flagged pairs' scores are what the sweep ended with: the kernel
+    writes -1 instead."""
     from swcli.search import SoftSearch
 
     seg = SoftSearch.SEGMENT
@@ -619,8 +635,9 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
     inside = np.arange(segments * seg)[None, :] < lengths[:, None]
     letters[:, :N] = np.where(inside[:, :N], targets, K)
     powers = np.concatenate([plan["powers"], np.zeros((K, 1), np.float32)], 1)
-    upper, lower = _pow2(plan["upper"]), _pow2(plan["lower"])
+    upper = _pow2(plan["upper"])
     middle, floor = plan["middle"], plan["floor"]
+    landing = middle if plan["affine"] else 2 * middle - plan["upper"]  # where an input past 2^U lands
     up = np.ones((B, segments, seg), np.float32)
     yt = np.ones((B, segments, seg), np.float32)
     sigma = np.zeros((B, segments), np.int64)
@@ -628,7 +645,7 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
     best = np.zeros((B, segments), np.float32)
     best_key = np.full(B, _scaled_key(0, np.float32(1)), np.int64)
     failed = np.zeros(B, bool)
-    rescalings = 0
+    rescalings = rises = 0
 
     def fold(rows, s):
         nonlocal best_key, failed
@@ -655,8 +672,8 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
             delta = sig_in - sigma[:, s]
             lv, xt = _times_pow2(x_in, delta), _times_pow2(xt_in, delta)
             over = ~(lv <= upper)
-            if over.any():  # the input past 2^U: the segment rescaled first, so that the input lands at 2^T
-                shift = np.where(over, _exponent(x_in) + delta - middle, 0)
+            if over.any():  # the input past 2^U: the segment rescaled first, so that the input lands at 2^landing
+                shift = np.where(over, _exponent(x_in) + delta - landing, 0)
                 rescale(over, s, shift)
                 delta = sig_in - sigma[:, s]
                 lv = np.where(over, _times_pow2(x_in, delta), lv)
@@ -671,9 +688,11 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
                 failed |= deep & ~(lo >= 2.0 ** -floor)
             diag[:, s] = lv
             x_in, xt_in, sig_in = up[:, s, -1].copy(), xt.copy(), sigma[:, s].copy()
-        for s in range(segments):  # the segments whose largest value left [2^L, 2^U] (2^L: while sigma > 0)
+        for s in range(segments):  # the segments whose largest value passed 2^U, or that rise
             hi = np.max(up[:, s], 1)
-            need = (hi > upper) | ((hi < lower) & (sigma[:, s] > 0))
+            rising = soft_rises(hi, up[:, s, 0], sigma[:, s], plan)
+            need = (hi > upper) | rising
+            rises += int(rising.sum())
             if need.any():
                 rescale(need, s, np.where(need, np.maximum(_exponent(hi) - middle, -sigma[:, s]), 0))
     for s in range(segments):
@@ -685,6 +704,7 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
     scores = np.where((lengths > 0) & (M > 0), scores, 0.0)
     if counts is not None:
         counts["rescalings"] = counts.get("rescalings", 0) + rescalings
+        counts["rises"] = counts.get("rises", 0) + rises
         counts["segment_steps"] = counts.get("segment_steps", 0) + M * segments * B
     return scores, flagged
 

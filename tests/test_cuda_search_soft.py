@@ -210,14 +210,14 @@ class TestCudaSearchSoft:
             assert torch.equal(soft.scores(query, search_block(junk, tlen))[0], clean)
 
     def test_exponents_out_of_range_are_refused(self):
-        """The op checks its exponents: past [-126, 126] the scales leave the float range, and they must
-        order lower < middle < upper."""
+        """The op checks its exponents: past [-126, 126] the scales leave the float range (a linear
+        segment lands at 2^(2 middle - upper)), and middle < upper."""
         load_engine("cuda")
         plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **LINEAR)
         targets, lengths = padded_encoded(BLOSUM62, ["MKV", "W"])
         query = encoded(BLOSUM62, "MKVL")
         assert soft_scores(plan, query, targets, lengths, self.device)[1] == 0
-        for bad in (dict(middle=plan["upper"]), dict(upper=127), dict(lower=plan["middle"]), dict(lower=-127),
+        for bad in (dict(middle=plan["upper"]), dict(upper=127), dict(middle=-127), dict(middle=-20, upper=100),
                     dict(floor=127), dict(floor=-1)):
             with pytest.raises(RuntimeError, match="exponents must be"):
                 soft_scores(dict(plan, **bad), query, targets, lengths, self.device)
@@ -241,11 +241,12 @@ class TestCudaSearchSoft:
         lengths = np.array([len(s) for s in sequences])
         q = np.array(list(BLOSUM62.encode(query, lambda: "q")))
         plan = SoftSearch.plan(S, 1.0, **gaps)
-        for settings in (plan, dict(plan, upper=30, middle=20, lower=4, floor=126)):
+        for settings in (plan, dict(plan, upper=30, middle=20, floor=126), dict(plan, floor=30)):
             scores, count = soft_scores(settings, q, block, lengths, self.device)
             expected, flagged = soft_search_model(q, block, lengths, settings)
-            assert count == int(flagged.sum()) == 0
-            np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
+            assert count == int(flagged.sum()) and (scores == -1).tolist() == flagged.tolist()
+            assert count == 0 or settings["floor"] == 30
+            np.testing.assert_allclose(scores[~flagged], expected[~flagged], rtol=1e-6, atol=1e-7)
 
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
     def test_the_floors_check_flags_what_the_model_flags(self, gaps):
@@ -263,7 +264,7 @@ class TestCudaSearchSoft:
         plan = SoftSearch.plan(S, 1.0, **gaps)
         counts = []
         for floor in (0, 8, 16, 24, 40):
-            settings = dict(plan, upper=60, middle=40, lower=20, floor=floor)
+            settings = dict(plan, upper=60, middle=40, floor=floor)
             scores, count = soft_scores(settings, q, targets, lengths, self.device)
             expected, flags = soft_search_model(q, targets, lengths, settings)
             assert (scores < 0).tolist() == flags.tolist() and count == int(flags.sum())
@@ -284,7 +285,7 @@ class TestCudaSearchSoft:
         lengths = torch.tensor([len(s) for s in sequences])
         q = torch.tensor(list(BLOSUM62.encode(query, lambda: "q")), dtype=torch.uint8)
         plan = SoftSearch.plan(S, 1.0, **LINEAR)
-        strict = dict(plan, upper=30, middle=20, lower=4, floor=0)
+        strict = dict(plan, upper=30, middle=20, floor=0)
         _, expected = soft_search_model(q.long().numpy(), codes.long().numpy(), lengths.numpy(), strict)
         assert expected.tolist() == [True, True, False, False, False]
         loose = dict(plan, bound=1e30)
@@ -309,7 +310,7 @@ class TestCudaSearchSoft:
         load_engine("cpu")
         plan = SoftSearch.plan
         monkeypatch.setattr(SoftSearch, "plan", classmethod(
-            lambda cls, *args: dict(plan(*args), upper=30, middle=20, lower=4, floor=0)))
+            lambda cls, *args: dict(plan(*args), upper=30, middle=20, floor=0)))
         searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], 1.0, 10, "cuda", self.device, max_cells=1 << 13,
                             gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
         assert searcher.soft is not None

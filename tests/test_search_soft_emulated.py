@@ -43,9 +43,10 @@ query_codes = partial(encoded, BLOSUM62)
 
 @GAPS
 def test_the_kernel_is_its_model_and_float64(kernel, gaps):
-    """Related and random pairs, empty and one-letter targets: with the search's settings, and with a low
-    upper exponent that rescales every strong segment again and again; the same flags as the model (none),
-    scores within float32 rounding of it, and within 2e-6 of the float64 engine."""
+    """Related and random pairs, empty and one-letter targets: with the search's settings, with a low
+    upper exponent that rescales every strong segment again and again, and with a floor of 2^-30 under
+    which the strong pairs' segments rise (or are flagged); the same flags as the model (none but at that
+    floor), scores within float32 rounding of it, and within 2e-6 of the float64 engine."""
     pairs = related_protein_pairs(70, 6, 30, 90)
     rng = random.Random(70)
     query = pairs[0][0]
@@ -53,11 +54,12 @@ def test_the_kernel_is_its_model_and_float64(kernel, gaps):
     targets, lengths = codes_of(sequences)
     q = query_codes(query)
     plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
-    for settings in (plan, dict(plan, upper=30, middle=20, lower=4, floor=126)):
+    for settings in (dict(plan, upper=30, middle=20, floor=126), dict(plan, floor=30), plan):  # plan's last
         scores, flagged = kernel.scores(q, targets, lengths, settings)
         expected, model_flags = soft_search_model(q, targets, lengths, settings)
-        assert flagged == int(model_flags.sum()) == 0
-        np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
+        assert flagged == int(model_flags.sum()) and (scores == -1).tolist() == model_flags.tolist()
+        assert flagged == 0 or settings["floor"] == 30
+        np.testing.assert_allclose(scores[~model_flags], expected[~model_flags], rtol=1e-6, atol=1e-7)
     dense = BLOSUM62.tensor().double()[torch.from_numpy(q).long()[None, :, None],
                                        torch.from_numpy(targets).long()[:, None, :]]
     reference = soft_smith_waterman(dense, gaps["gap"], 1.0, None, torch.from_numpy(lengths), backend="cpu",
@@ -121,7 +123,7 @@ def test_flagged_pairs_score_minus_one_and_are_counted(kernel):
     targets, lengths = codes_of([query, query[10:50], "", "G", "WWW"], 60)
     q = query_codes(query)
     plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **LINEAR)
-    strict = dict(plan, upper=30, middle=20, lower=4, floor=0)
+    strict = dict(plan, upper=30, middle=20, floor=0)
     loose = dict(plan, bound=1e30)
     for settings in (strict, loose):
         _, flags = soft_search_model(q, targets, lengths, settings)
@@ -145,7 +147,7 @@ def test_the_floors_check_flags_what_the_model_flags(kernel, gaps):
     plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
     counts = []
     for floor in (0, 8, 16, 24, 40):
-        settings = dict(plan, upper=60, middle=40, lower=20, floor=floor)
+        settings = dict(plan, upper=60, middle=40, floor=floor)
         scores, flagged = kernel.scores(q, targets, lengths, settings)
         expected, model_flags = soft_search_model(q, targets, lengths, settings)
         assert (scores < 0).tolist() == model_flags.tolist() and flagged == int(model_flags.sum())

@@ -202,9 +202,10 @@ cudaError_t sw_cuda_search_s16(const SearchS16Call& call, cudaStream_t stream);
 // most width (<= N, the columns the tile shape is chosen for: a caller may score the rows of a block in
 // runs of similar lengths, each with its own shape),
 // powers (K, K) float32, 2^(S c) with c = log2(e) / t. Linear gaps (affine false): gap_factor = 2^(gap c).
-// Affine: gap_factor = O = 2^(gap_open c), extend_factor = 2^(gap_extend c) - O. upper, middle, lower:
-// the exponents U, T, L of the rescaling (a segment's largest value is rescaled to 2^T once it leaves
-// [2^L, 2^U]); floor: F, the cells of a segment scaled by more than 2^F must stay above 2^-F; bound: the
+// Affine: gap_factor = O = 2^(gap_open c), extend_factor = 2^(gap_extend c) - O. upper, middle: the
+// exponents U, T of the rescaling (a segment's largest value is rescaled to 2^T once it passes 2^U, and a
+// segment with an input past 2^U lands at 2^T, linear 2^(2T - U)); floor: F, the cells of a segment scaled
+// by more than 2^F must stay above 2^-F (such a segment near it is rescaled up to 2^T); bound: the
 // padding's bound (a best cell at most it is flagged); tl: t ln 2. scores (B,) float32: the score, or -1
 // for a flagged pair, counted in *flagged (zeroed by the caller). boundary:
 // sw_cuda_search_soft_edge_bytes(B, M, width, affine) bytes, or null where that is 0. Dynamic shared memory:
@@ -219,7 +220,7 @@ struct SearchSoftCall {
   int K;
   bool affine;
   float gap_factor, extend_factor;
-  int upper, middle, lower, floor;
+  int upper, middle, floor;
   float bound;
   double tl;
   float* scores;

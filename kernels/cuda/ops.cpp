@@ -946,7 +946,7 @@ std::tuple<at::Tensor, at::Tensor> op_search_scores_soft(const at::Tensor& query
                                                          const at::Tensor& tlen_in, const at::Tensor& powers_in,
                                                          int64_t width, bool affine, double gap_factor,
                                                          double extend_factor, double temperature, int64_t upper,
-                                                         int64_t middle, int64_t lower, int64_t floor, double bound) {
+                                                         int64_t middle, int64_t floor, double bound) {
   const std::string inputs = search_inputs_error("soft", query_in, target_in, tlen_in, powers_in);
   TORCH_CHECK(inputs.empty(), inputs);
   const int64_t M = query_in.size(0), B = target_in.size(0), N = target_in.size(1);
@@ -958,10 +958,12 @@ std::tuple<at::Tensor, at::Tensor> op_search_scores_soft(const at::Tensor& query
   TORCH_CHECK(std::isfinite(gap_factor) && gap_factor > 0 && std::isfinite(extend_factor) && extend_factor >= 0 &&
                   std::isfinite(bound) && bound >= 1,
               "the soft search's gap factors must be finite and positive, and its bound at least 1");
-  TORCH_CHECK(-126 <= lower && lower < middle && middle < upper && upper <= 126 && 0 <= floor && floor <= 126,
-              "the soft search's exponents must be -126 <= lower < middle < upper <= 126 and floor in [0, 126], got " +
-                  std::to_string(lower) + ", " + std::to_string(middle) + ", " + std::to_string(upper) + ", " +
-                  std::to_string(floor));
+  // Where a segment lands when its input passes 2^upper (search_soft.cu): 2^middle, linear 2^(2 middle - upper)
+  const int64_t landing = affine ? middle : 2 * middle - upper;
+  TORCH_CHECK(-126 <= landing && middle < upper && upper <= 126 && 0 <= floor && floor <= 126,
+              std::string("the soft search's exponents must be -126 <= ") + (affine ? "middle" : "2 middle - upper") +
+                  ", middle < upper <= 126 and floor in [0, 126], got middle " + std::to_string(middle) +
+                  ", upper " + std::to_string(upper) + ", floor " + std::to_string(floor));
   TORCH_CHECK(M < (int64_t(1) << 30) && N < (int64_t(1) << 30), "the soft search takes at most 2^30 residues a sequence");
   TORCH_CHECK(0 <= width && width <= N, "width must be in [0, N] (0: N), got " + std::to_string(width));
   const int64_t columns = width > 0 ? width : N;
@@ -983,7 +985,7 @@ std::tuple<at::Tensor, at::Tensor> op_search_scores_soft(const at::Tensor& query
   if (edge_bytes > 0) boundary = at::empty({edge_bytes}, query.options());
   const SearchSoftCall call{query.data_ptr<uint8_t>(), int(M), target.data_ptr<uint8_t>(), N, B, columns,
                             tlen.data_ptr<int64_t>(), powers.data_ptr<float>(), int(K), affine, float(gap_factor),
-                            float(extend_factor), int(upper), int(middle), int(lower), int(floor), float(bound),
+                            float(extend_factor), int(upper), int(middle), int(floor), float(bound),
                             temperature * 0.6931471805599453, scores.data_ptr<float>(),
                             boundary.defined() ? boundary.data_ptr() : nullptr, flagged.data_ptr<int>()};
   SWCLI_CHECK_CUDA(sw_cuda_search_soft(call, c10::cuda::getCurrentCUDAStream()), "soft search");

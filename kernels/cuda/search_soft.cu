@@ -23,22 +23,22 @@
 // letter K has P = 0.
 //
 // Scale: values are kept as float32 times 2^sigma, sigma an integer per 8 columns (a segment), the same 8
-// columns of the target whatever the tile shape. A segment is rescaled only where its largest value leaves
-// [2^L, 2^U] (below only while sigma > 0), or where its left input would pass 2^U: by a power of two, an
-// exact multiply. A segment's input, the last column of the segment to its left (in this lane, the lane to
-// the left, or the previous tile), is converted from that segment's scale by 2^(sigma' - sigma) in two
-// factors, exact wherever the result is a normal float. So every cell is the same float computation
+// columns of the target whatever the tile shape. A segment is rescaled down where its largest value passes
+// 2^U, or where its left input would, and up only where sigma > F and its cells near the floor (below): by
+// a power of two, an exact multiply. A segment's input, the last column of the segment to its left (in this
+// lane, the lane to the left, or the previous tile), is converted from that segment's scale by
+// 2^(sigma' - sigma) in two factors, exact wherever the result is a normal float. So every cell is the same float computation
 // whatever the lanes and tiles: a pair's score has the same bits in every block it can be scored in.
 //
-// Checks (the host derives U, L, the floor F and the padding's bound from the matrix, t and the gaps:
+// Checks (the host derives U, T, the floor F and the padding's bound from the matrix, t and the gaps:
 // search.SoftSearch):
 // - U leaves room for one step's growth, so nothing overflows: 1 + E_diag P + ... is at most the growth
 //   factor times the segment's largest value or its input.
 // - A value under 2^-126 flushes to 0. Cells are at least 2^-sigma (the 1), so where sigma <= F every cell
 //   is at least 2^-F and a flushed term is under 2^-26 of any cell it enters. A segment with sigma > F has
 //   each cell inside the target checked against 2^-F (by one test of its first cell where that bounds
-//   them all, else cell by cell; linear: only where a bound from the segment's inputs does not hold); a
-//   pair that fails, or whose best cell is not a finite float, is flagged: score -1, counted in *flagged.
+//   them all, else cell by cell), and is rescaled up to 2^T where its first cell nears the floor; a pair
+//   that fails, or whose best cell is not a finite float, is flagged: score -1, counted in *flagged.
 //   The caller scores it again through the general op.
 // - Columns past a target's end read the padding letter (P = 0) and are swept as the others, so the best
 //   cell may be one of them. Their values are bounded: a padded cell is 1 + G (up + left) (affine: the
@@ -137,9 +137,9 @@ struct SoftLane {
   int stride, lane, g, len;
   const uint8_t* codes;  // the target
   Edge<AFFINE>* edge;    // the group's tile edges, where its target takes several tiles
-  float upper, floor_value, lower;
+  float upper, floor_value;
   float floor_first;  // a segment whose first cell is at least this has every cell above the floor
-  float floor_inputs;  // linear: a segment whose inputs (up or left of its first cell) reach this, too
+  float middle;       // 2^T, where a rescaled segment's largest value lands
   unsigned ring_lane;  // the first slot the lane reads in its letter's rows
 };
 
@@ -156,8 +156,12 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
   float* const ring = w.ring;
   const uint8_t* const codes = w.codes;
   Edge<AFFINE>* const edge = w.edge;
-  const float upper = w.upper, floor_value = w.floor_value, lower = w.lower, floor_first = w.floor_first;
-  [[maybe_unused]] const float floor_inputs = w.floor_inputs;
+  const float upper = w.upper, floor_value = w.floor_value, floor_first = w.floor_first, middle = w.middle;
+  // Where an input past 2^U lands: 2^T affine; linear 2^(2T - U), as far under 2^T as 2^T is under 2^U. A
+  // linear segment's cells are then below 2^T, with room to grow under the strong input before the next
+  // rescale. (An affine segment's first cell is only at least O times its input: landing lower would put
+  // it near floor_first, and the segment would rise again at once.)
+  const int landing = AFFINE ? call.middle : 2 * call.middle - call.upper;
   const float gf = call.gap_factor, ef = call.extend_factor;  // G, or O and E - O
   const unsigned ring_lane = w.ring_lane;
   Edge<AFFINE> border{};
@@ -181,10 +185,11 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       if constexpr (AFFINE) yt[r] = 1.0f;
     }
     int sig[S];
-    float one[S], low[S], diag[S], best[S], fa[S], fb[S];  // fa, fb: the conversion from the segment to the left
+    // low: floor_first where sigma > F, else 0 (every cell is then at least 2^-sigma >= 2^-F, at any scale);
+    // fa, fb: the conversion from the segment to the left
+    float one[S], low[S], diag[S], best[S], fa[S], fb[S];
 #pragma unroll
     for (int s = 0; s < S; ++s) sig[s] = 0, one[s] = 1.0f, low[s] = 0.0f, diag[s] = 1.0f, best[s] = 0.0f, fa[s] = 1.0f, fb[s] = 1.0f;
-    bool deep = false;    // some segment has sigma > F: its cells are checked against the floor
     float x_send = 1.0f, xt_send = 1.0f;  // this lane's last column at its last row, for the lane to the right
     int sig_send = 0;
     const bool reads_edge = tile > 0 && g == 0, writes_edge = tile + 1 < tiles && g == G - 1;
@@ -207,8 +212,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       }
       diag[s] = diag[s] * sa * sb;
       one[s] = __int_as_float(max(127 - sig[s], 0) << 23);  // 2^-sigma, 0 past the float range
-      low[s] = sig[s] > 0 ? lower : 0.0f;
-      deep |= sig[s] > call.floor;
+      low[s] = sig[s] > call.floor ? floor_first : 0.0f;
     };
     // Whether any lane of the warp has cond: a branch the whole warp takes or skips (no divergence to
     // reconverge from), where every lane is in the step; in a ramp, the lane's own.
@@ -240,8 +244,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         if constexpr (AFFINE) xt_in = here.xt;
       }
       if (decltype(ramp)::value && unsigned(i) >= unsigned(M)) return;
-      bool rescaling = false;  // some segment's largest value left [2^L, 2^U]
-      [[maybe_unused]] bool unsure = false;  // linear: some segment with sigma > F may have a cell under 2^-F
+      bool rescaling = false;  // some segment passed 2^U, or has sigma > F and its first cell under floor_first
       // linear: each segment's largest value this step, kept for the rescaling below
       [[maybe_unused]] float his[AFFINE ? 1 : S];
       float x_last = x_in, xt_last = xt_in;
@@ -256,9 +259,9 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           converge(ramp);
           if (over) {
           // The input passes 2^U (or overflowed in the conversion): rescale the segment first, so that
-          // the input lands at 2^T, and convert it again. Rare: a strong alignment entering from the left.
+          // the input lands at 2^landing, and convert it again: a strong alignment entering from the left.
           const int delta = sig_last - sig[s];
-          const int shift = exponent_of(x_last) + delta - call.middle;
+          const int shift = exponent_of(x_last) + delta - landing;
           rescale(s, shift);
           split_pow2(delta - shift, a0, b0);
           lv = x_last * a0 * b0;
@@ -268,10 +271,6 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           }
         }
         [[maybe_unused]] float left = lv;  // the linear sweep's left neighbour (affine carries xt)
-        // Linear: the first cell is at least C times either input and each next one C times its left (C:
-        // G (1 - 2^-24)), so where an input reaches 2^-F / C^8 every cell does. Tested here, on values
-        // already in registers, the floor's branch below is entered only where this bound fails.
-        if constexpr (!AFFINE) unsure |= sig[s] > call.floor && !(max(lv, up[s * kSegment]) >= floor_inputs);
         const float o = one[s];
         // The diagonal term of each cell is taken before the cell to its left overwrites up[] in place:
         // the old value is then dead once its cell is written, so no register moves between steps.
@@ -295,7 +294,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         }
         const float hi = segment_max<!AFFINE>(up, s);
         best[s] = max_nan(best[s], hi);
-        rescaling |= hi > upper || hi < low[s];
+        rescaling |= hi > upper || up[s * kSegment] < low[s];
         if constexpr (!AFFINE) his[s] = hi;
         diag[s] = lv;
         x_last = up[s * kSegment + kSegment - 1], xt_last = xt, sig_last = sig[s];
@@ -307,43 +306,32 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         if constexpr (AFFINE) e.xt = xt_send;
         edge[i] = e;
       }
-      // The cells inside the target of each segment with sigma > F, against the floor (linear: where the
-      // inputs' bound did not hold).
-      if (any(AFFINE ? deep : unsure, ramp)) {
-        converge(ramp);
-        if (AFFINE ? deep : unsure) {
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-          if (sig[s] <= call.floor) continue;
-          // Each cell is at least C times its left neighbour (C: G (1 - 2^-24); affine O (1 - 2^-24),
-          // through X~), so the segment's cells are at least C^7 times its first: where that clears the
-          // floor (floor_first: 2^-F / C^7, rounded up), which long sweeps almost always do, one test
-          // stands for the 8 cells.
-          if (up[s * kSegment] >= floor_first) continue;
-          float lo = FLT_MAX;
-#pragma unroll
-          for (int r = 0; r < kSegment; ++r)
-            if (s * kSegment + r < inside) lo = min_nan(lo, up[s * kSegment + r]);
-          failed |= !(lo >= floor_value);
-        }
-        }
-      }
-      // The segments whose largest value left [2^L, 2^U] (the lower bound only where sigma > 0: low is 0
-      // elsewhere) are rescaled to 2^T. The test is the loop's, on each segment's largest value, so that
-      // the warp enters this branch only on the steps where a lane rescales: in a long sweep, where the
-      // sums grow along the query, most segments are scaled, and a test of sigma > 0 alone would enter it
-      // on every step.
+      // Where a lane has a segment past 2^U, or one with sigma > F whose first cell is under floor_first
+      // (each cell is at least C times its left neighbour, C: G (1 - 2^-24), affine O (1 - 2^-24) through
+      // X~, so the segment's cells are at least C^7 times its first: where that clears the floor, which long
+      // sweeps almost always do, this one test stands for the 8 cells). One test on values already in
+      // registers, so that the warp enters this branch only on the steps where a lane needs it.
       if (any(rescaling, ramp)) {
         converge(ramp);
         if (rescaling) {
-          deep = false;
 #pragma unroll
           for (int s = 0; s < S; ++s) {
             float hi;
             if constexpr (AFFINE) hi = segment_max<false>(up, s);
             else hi = his[s];
-            if (hi > upper || hi < low[s]) rescale(s, max(exponent_of(hi) - call.middle, -sig[s]));
-            deep |= sig[s] > call.floor;
+            const bool near_floor = up[s * kSegment] < low[s];
+            if (near_floor) {  // the cells inside the target, against the floor
+              float lo = FLT_MAX;
+#pragma unroll
+              for (int r = 0; r < kSegment; ++r)
+                if (s * kSegment + r < inside) lo = min_nan(lo, up[s * kSegment + r]);
+              failed |= !(lo >= floor_value);
+            }
+            // Past 2^U: down to 2^T. Near the floor: up to 2^T, where that raises it (a segment whose
+            // cells spread past T + F bits stays, and is checked on every row). A segment that only
+            // shrinks is left at its scale for as long as its cells clear the floor.
+            if (hi > upper || (near_floor && hi < middle))
+              rescale(s, max(exponent_of(hi) - call.middle, -sig[s]));
             if (s > 0) split_pow2(sig[s - 1] - sig[s], fa[s], fb[s]);
           }
         }
@@ -389,11 +377,11 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   w.len = int(call.tlen[b]);
   w.codes = call.target + b * call.N;
   w.edge = call.boundary ? static_cast<Edge<AFFINE>*>(call.boundary) + group * int64_t(M) : nullptr;
-  w.upper = pow2_int(call.upper), w.floor_value = pow2_int(-call.floor), w.lower = pow2_int(call.lower);
+  w.upper = pow2_int(call.upper), w.floor_value = pow2_int(-call.floor);
   const double chain = double(call.gap_factor) * (1.0 - 1e-6);  // 1 - 1e-6 < (1 - 2^-24)^7
   const double floor_first = ldexp(1.0, -call.floor) / (chain * chain * chain * chain * chain * chain * chain);
-  w.floor_first = float_at_least(floor_first);            // 2^-F / C^7
-  w.floor_inputs = float_at_least(floor_first / chain);   // 2^-F / C^8
+  w.floor_first = float_at_least(floor_first);  // 2^-F / C^7
+  w.middle = pow2_int(call.middle);
   // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
   w.ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
   const int widest = __reduce_max_sync(kFull, unsigned(w.len));

@@ -193,7 +193,7 @@ class EmulatedSearchSoft:
         lib = ctypes.CDLL(str(library))
         lib.emu_search_soft.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                        ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                        ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int,
                                         ctypes.c_int, ctypes.c_float, ctypes.c_double, ctypes.c_void_p,
                                         ctypes.c_void_p, ctypes.c_void_p]
         lib.emu_search_soft_edge_bytes.restype = ctypes.c_int64
@@ -215,7 +215,7 @@ class EmulatedSearchSoft:
         p = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
         error = self.lib.emu_search_soft(p(query), M, p(targets), N, B, N, p(lengths), p(powers), K,
                                          int(plan["affine"]), plan["gap_factor"], plan["extend_factor"], plan["upper"], plan["middle"],
-                                         plan["lower"], plan["floor"], plan["bound"],
+                                         plan["floor"], plan["bound"],
                                          plan["temperature"] * 0.6931471805599453, p(scores), p(flagged), p(boundary))
         assert error == 0
         assert boundary is None or (boundary[edge_bytes:] == 0xff).all(), "a write past the edge buffer"
