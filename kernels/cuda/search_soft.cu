@@ -151,6 +151,9 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
   static_assert(R % kSegment == 0 && kWarp % G == 0, "lanes of whole segments, groups of whole warps");
   constexpr int S = R / kSegment;  // segments a lane
   constexpr int W = G * R;         // columns a tile
+  // Only the widest groups take targets of several tiles (launch_lanes: a narrower class holds its launch's
+  // widest target in one), so only they carry the edge's reads and writes through the steps.
+  constexpr bool kEdges = G == kWarp;
   const int K = call.K, stride = w.stride, lane = w.lane, g = w.g, M = call.M, len = w.len;
   const float* const table = w.table;
   float* const ring = w.ring;
@@ -192,7 +195,8 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     for (int s = 0; s < S; ++s) sig[s] = 0, one[s] = 1.0f, low[s] = 0.0f, diag[s] = 1.0f, best[s] = 0.0f, fa[s] = 1.0f, fb[s] = 1.0f;
     float x_send = 1.0f, xt_send = 1.0f;  // this lane's last column at its last row, for the lane to the right
     int sig_send = 0;
-    const bool reads_edge = tile > 0 && g == 0, writes_edge = tile + 1 < tiles && g == G - 1;
+    const bool reads_edge = kEdges && tile > 0 && g == 0;
+    const bool writes_edge = kEdges && tile + 1 < tiles && g == G - 1;
     Edge<AFFINE> ahead = reads_edge && lane == 0 ? edge[0] : border;  // row k - lane's edge, read a step ahead
     int letter_next = lane < M ? call.query[lane] : 0;
     const int steps = M + kWarp - 1;
