@@ -27,8 +27,9 @@
 // 2^U, or where its left input would, and up only where sigma > F and its cells near the floor (below): by
 // a power of two, an exact multiply. A segment's input, the last column of the segment to its left (in this
 // lane, the lane to the left, or the previous tile), is converted from that segment's scale by
-// 2^(sigma' - sigma) in two factors, exact wherever the result is a normal float. So every cell is the same float computation
-// whatever the lanes and tiles: a pair's score has the same bits in every block it can be scored in.
+// 2^(sigma' - sigma) in two factors, exact wherever the result is a normal float. So every cell is the same
+// float computation whatever the lanes and tiles: a pair's score has the same bits in every block it can be
+// scored in.
 //
 // Checks (the host derives U, T, the floor F and the padding's bound from the matrix, t and the gaps:
 // search.SoftSearch):
