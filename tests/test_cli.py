@@ -431,11 +431,14 @@ def wait_for_temporary(folder, proc, limit=120):
         time.sleep(0.02)
 
 
-def interpreter_start_seconds():
+def handler_ready_seconds():
+    """An upper bound on how long a new `python -m swcli` takes to install its signal handler: a process
+    that starts the interpreter and imports swcli.cli (whose main installs the handler before anything
+    else), and ends. A signal before that lands in the interpreter's own start, which no program catches."""
     import time
 
     started = time.monotonic()
-    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    subprocess.run([sys.executable, "-c", "import swcli.cli"], check=True, env=subprocess_env())
     return time.monotonic() - started
 
 
@@ -447,8 +450,8 @@ def test_an_early_signal_is_never_lost(tmp_path, engine_built, signal_name, dela
     import signal
     import time
 
-    if delay < 0.1 and interpreter_start_seconds() > 0.8 * delay:
-        pytest.skip("the machine is too loaded: the signal would land in the interpreter's own start")
+    if delay < 0.1 and handler_ready_seconds() > 0.5 * delay:  # half: a process's start varies from run to run
+        pytest.skip("this machine starts Python too slowly: the signal would land before swcli's handler")
     path = slow_input(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
