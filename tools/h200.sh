@@ -18,7 +18,10 @@
 #                beside one warp per pair, and both paths around the automatic choice's limits (kept as $OUT/long_pairs.json)
 #     sanitize   compute-sanitizer memcheck and racecheck on small cases of every kernel family (the search's too)
 #     e2e        swcli align on $E2E_PAIRS (1,000,000) real pairs, then bench's end-to-end rows
-#     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency)
+#     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency), its
+#                kernels by the regex $NCU_KERNELS (default forward|codes|backward); $NCU_SCRIPT replaces the
+#                script and its arguments, e.g. NCU_KERNELS=search_soft NCU_SCRIPT="benchmarks/search_soft.py
+#                .bench/proteins.fasta --repeats 1" for the soft search kernel's launches, tile class by class
 #     steps      seed-shaped batches of growing size in graph replay (benchmarks/profile_workloads.py steps)
 #     host       host time per call of the op and the operators (benchmarks/profile_workloads.py host)
 #     clocks     SM clock, power and throttle reasons under the dense forward
@@ -214,8 +217,9 @@ PY
     profile)
       # the report comes back whole: read it here with the ncu_report wheel. For SASS, compile the .cu here
       # (nvcc -arch=sm_90 -cubin) and read it with the nvidia-cuda-cuobjdump / -nvdisasm wheels.
-      timeout 240 ncu --clock-control none --set ${NCU_SET:-full} -k regex:"forward|codes|backward" -c ${NCU_COUNT:-4} \
-        -o "$OUT/kernels" python3 benchmarks/profile_workloads.py ${NCU_WORKLOAD:-kernels} > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?" ;;
+      timeout 240 ncu --clock-control none --set ${NCU_SET:-full} -k regex:"${NCU_KERNELS:-forward|codes|backward}" \
+        -c ${NCU_COUNT:-4} -o "$OUT/kernels" python3 ${NCU_SCRIPT:-benchmarks/profile_workloads.py ${NCU_WORKLOAD:-kernels}} \
+        > "$OUT/ncu.log" 2>&1; echo "ncu: exit $?" ;;
     clocks)
       # the SM clock, power and throttle reasons while the dense t=1 forward runs back to back for 6 s
       cat > /tmp/clocks.py <<'PY'
