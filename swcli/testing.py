@@ -589,6 +589,11 @@ def soft_floor_first(plan: dict) -> np.float32:
     return np.nextafter(f, np.float32(np.inf)) if float(f) < bound else f
 
 
+def soft_landing(plan: dict) -> int:
+    """The exponent at which the kernel lands a segment whose input passed 2^U: T, linear 2T - U."""
+    return plan["middle"] if plan["affine"] else 2 * plan["middle"] - plan["upper"]
+
+
 def soft_rises(hi, first, sigma, plan: dict) -> np.ndarray:
     """Which segments the kernel rescales up (to 2^T): those with sigma > F whose first cell is under
     soft_floor_first, where their largest value hi is under 2^T."""
@@ -637,7 +642,7 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
     powers = np.concatenate([plan["powers"], np.zeros((K, 1), np.float32)], 1)
     upper = _pow2(plan["upper"])
     middle, floor = plan["middle"], plan["floor"]
-    landing = middle if plan["affine"] else 2 * middle - plan["upper"]  # where an input past 2^U lands
+    landing = soft_landing(plan)
     up = np.ones((B, segments, seg), np.float32)
     yt = np.ones((B, segments, seg), np.float32)
     sigma = np.zeros((B, segments), np.int64)

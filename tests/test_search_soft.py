@@ -257,7 +257,8 @@ def emulate_warps(query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, p
     (k mod 64) + 31 - l, with its mirror), the left neighbour by a shuffle within the group, the edge
     buffer read a row ahead, tiles of G R columns, groups past the batch. The cells are the model's
     arithmetic (swcli.testing's helpers); what this checks is where each value comes from."""
-    from swcli.testing import _exponent, _pow2, _scaled_key, _times_pow2, soft_rises, soft_segment_cells
+    from swcli.testing import (_exponent, _pow2, _scaled_key, _times_pow2, soft_landing, soft_rises,
+                               soft_segment_cells)
 
     M, (B, N) = len(query), targets.shape
     K = plan["powers"].shape[0]
@@ -266,7 +267,7 @@ def emulate_warps(query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, p
     table = plan["powers"]
     padded_table = np.concatenate([table, np.zeros((K, 1), np.float32)], 1)
     upper = _pow2(plan["upper"])
-    landing = plan["middle"] if plan["affine"] else 2 * plan["middle"] - plan["upper"]
+    landing = soft_landing(plan)
     scores, flags = np.zeros(B), np.zeros(B, bool)
     lanes = np.arange(32)
     for warp in range(-(-B // per_warp)):

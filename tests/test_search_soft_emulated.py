@@ -54,7 +54,8 @@ def test_the_kernel_is_its_model_and_float64(kernel, gaps):
     targets, lengths = codes_of(sequences)
     q = query_codes(query)
     plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
-    for settings in (dict(plan, upper=30, middle=20, floor=126), dict(plan, floor=30), plan):  # plan's last
+    # the plan's own settings last: the float64 comparison below takes their scores
+    for settings in (dict(plan, upper=30, middle=20, floor=126), dict(plan, floor=30), plan):
         scores, flagged = kernel.scores(q, targets, lengths, settings)
         expected, model_flags = soft_search_model(q, targets, lengths, settings)
         assert flagged == int(model_flags.sum()) and (scores == -1).tolist() == model_flags.tolist()
