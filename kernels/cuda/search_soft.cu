@@ -230,13 +230,43 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     // One step of the wavefront. RAMP: some lanes are past the query's ends (the first and the last 31
     // steps). The steps between take a copy without that test, so that no lane diverges there and the
     // ring's offset stays in a uniform register (one LDS a cell, no address arithmetic).
-    auto step = [&](const int k, auto ramp) {
-      if ((k & (kWarp - 1)) == 0) {  // the next 32 rows of the profile
-        __syncwarp();
-        fill_chunk(ring, table, stride, K, k >> 5, letter_next, lane);
-        letter_next = k + kWarp + lane < M ? call.query[k + kWarp + lane] : 0;
-        __syncwarp();
+    // The next 32 rows of the profile, at a step that is a multiple of 32.
+    auto fill = [&](const int k) {
+      __syncwarp();
+      fill_chunk(ring, table, stride, K, k >> 5, letter_next, lane);
+      letter_next = k + kWarp + lane < M ? call.query[k + kWarp + lane] : 0;
+      __syncwarp();
+    };
+    // What a step found for the rescaling after it: some segment of the lane passed 2^U, or has sigma > F and
+    // its first cell under floor_first; linear: each segment's largest value.
+    bool rescaling = false;
+    [[maybe_unused]] float his[AFFINE ? 1 : S];
+    // The rescaling after a step, in the lanes whose step found a segment for it.
+    auto settle = [&]() {
+      if (!rescaling) return;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        float hi;
+        if constexpr (AFFINE) hi = segment_max<false>(up, s);
+        else hi = his[s];
+        const bool near_floor = up[s * kSegment] < low[s];
+        if (near_floor) {  // the cells inside the target, against the floor
+          float lo = FLT_MAX;
+#pragma unroll
+          for (int r = 0; r < kSegment; ++r)
+            if (s * kSegment + r < inside) lo = min_nan(lo, up[s * kSegment + r]);
+          failed |= !(lo >= floor_value);
+        }
+        // Past 2^U: down to 2^T. Near the floor: up to 2^T, where that raises it (a segment whose cells
+        // spread past T + F bits stays, and is checked on every row). A segment that only shrinks is left at
+        // its scale for as long as its cells clear the floor.
+        if (hi > upper || (near_floor && hi < middle)) rescale(s, max(exponent_of(hi) - call.middle, -sig[s]));
+        if (s > 0) split_pow2(sig[s - 1] - sig[s], fa[s], fb[s]);
       }
+    };
+    // One row of the lane's columns; in the ramp it settles its own lane and returns false, between the ramps
+    // it returns whether any lane of the warp needs settling, which the caller then does.
+    auto step = [&](const int k, auto ramp) -> bool {
       const int i = k - lane;
       const unsigned offset = unsigned(k & (kRingRows - 1)) << 2;  // the same in every lane: a uniform register
       float x_in = __shfl_up_sync(kFull, x_send, 1, G);
@@ -248,10 +278,8 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         x_in = here.x, sig_in = here.sig;
         if constexpr (AFFINE) xt_in = here.xt;
       }
-      if (decltype(ramp)::value && unsigned(i) >= unsigned(M)) return;
-      bool rescaling = false;  // some segment passed 2^U, or has sigma > F and its first cell under floor_first
-      // linear: each segment's largest value this step, kept for the rescaling below
-      [[maybe_unused]] float his[AFFINE ? 1 : S];
+      if (decltype(ramp)::value && unsigned(i) >= unsigned(M)) return false;
+      rescaling = false;
       float x_last = x_in, xt_last = xt_in;
       int sig_last = sig_in;
 #pragma unroll
@@ -315,37 +343,39 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       // (each cell is at least C times its left neighbour, C: G (1 - 2^-24), affine O (1 - 2^-24) through
       // X~, so the segment's cells are at least C^7 times its first: where that clears the floor, which long
       // sweeps almost always do, this one test stands for the 8 cells). One test on values already in
-      // registers, so that the warp enters this branch only on the steps where a lane needs it.
-      if (any(rescaling, ramp)) {
-        converge(ramp);
-        if (rescaling) {
-#pragma unroll
-          for (int s = 0; s < S; ++s) {
-            float hi;
-            if constexpr (AFFINE) hi = segment_max<false>(up, s);
-            else hi = his[s];
-            const bool near_floor = up[s * kSegment] < low[s];
-            if (near_floor) {  // the cells inside the target, against the floor
-              float lo = FLT_MAX;
-#pragma unroll
-              for (int r = 0; r < kSegment; ++r)
-                if (s * kSegment + r < inside) lo = min_nan(lo, up[s * kSegment + r]);
-              failed |= !(lo >= floor_value);
-            }
-            // Past 2^U: down to 2^T. Near the floor: up to 2^T, where that raises it (a segment whose
-            // cells spread past T + F bits stays, and is checked on every row). A segment that only
-            // shrinks is left at its scale for as long as its cells clear the floor.
-            if (hi > upper || (near_floor && hi < middle))
-              rescale(s, max(exponent_of(hi) - call.middle, -sig[s]));
-            if (s > 0) split_pow2(sig[s - 1] - sig[s], fa[s], fb[s]);
-          }
-        }
+      // registers, so that the warp settles only after the steps where a lane needs it.
+      if constexpr (decltype(ramp)::value) {
+        settle();
+        return false;
+      } else {
+        return __any_sync(kFull, rescaling);
       }
     };
     int k = 0;
-    for (; k < min(kWarp - 1, steps); ++k) step(k, std::true_type{});
-    for (; k < M; ++k) step(k, std::false_type{});
-    for (; k < steps; ++k) step(k, std::true_type{});
+    for (; k < min(kWarp - 1, steps); ++k) {
+      if ((k & (kWarp - 1)) == 0) fill(k);
+      step(k, std::true_type{});
+    }
+    // The steps between, a chunk of the profile at a time: the fill's test stays out of the steps' loop, whose
+    // bound (the chunk's end) is then a register, not the query's length reloaded from the launch's
+    // parameters; and the loop leaves to settle, so that the steps that need no rescaling (almost all) take
+    // one branch, the loop's own, where jumping over the rescaling's code cost a second.
+    while (k < M) {
+      if ((k & (kWarp - 1)) == 0) fill(k);
+      const int chunk_end = min((k | (kWarp - 1)) + 1, M);
+      bool unsettled = false;
+#pragma unroll 1
+      do unsettled = step(k++, std::false_type{});
+      while (!unsettled && k < chunk_end);
+      if (unsettled) {
+        __syncwarp();
+        settle();
+      }
+    }
+    for (; k < steps; ++k) {
+      if ((k & (kWarp - 1)) == 0) fill(k);
+      step(k, std::true_type{});
+    }
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       failed |= !(best[s] <= FLT_MAX);
