@@ -117,6 +117,29 @@ def test_several_tiles_match_the_model(kernel, gaps):
     np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
 
 
+@GAPS
+def test_queries_ending_around_the_profiles_chunks(kernel, gaps):
+    """The steps between the ramps run 32 rows of the profile at a time and leave their loop to rescale:
+    queries of 1 to 97 residues (ending before, at and past each chunk's end), against targets holding
+    them, with a low upper exponent that rescales on most rows (some at a chunk's last step), give the
+    model's scores and flags."""
+    rng = random.Random(74)
+    for M in (1, 31, 32, 33, 63, 64, 65, 97):
+        query = random_protein(rng, M)
+        sequences = [query, random_protein(rng, 5) + query + random_protein(rng, 9), random_protein(rng, 70), "G"]
+        targets, lengths = codes_of(sequences)
+        q = query_codes(query)
+        plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
+        for settings in (plan, dict(plan, upper=30, middle=20, floor=126)):
+            counts = {}
+            expected, model_flags = soft_search_model(q, targets, lengths, settings, counts)
+            scores, flagged = kernel.scores(q, targets, lengths, settings)
+            assert flagged == int(model_flags.sum()) and (scores == -1).tolist() == model_flags.tolist()
+            assert M < 8 or not model_flags[:2].any()  # (a one-letter query's best cell is under the bound)
+            np.testing.assert_allclose(scores[~model_flags], expected[~model_flags], rtol=1e-6, atol=1e-7)
+            assert settings is plan or M < 8 or counts["rescalings"] > M  # rescaled on most rows
+
+
 def test_flagged_pairs_score_minus_one_and_are_counted(kernel):
     """A floor of 2^0 with a low upper exponent flags the strong pairs (as the model says); a bound of
     1e30 flags the weak pairs, not the empty target."""
