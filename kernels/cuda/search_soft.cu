@@ -351,11 +351,13 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         return __any_sync(kFull, rescaling);
       }
     };
-    int k = 0;
-    for (; k < min(kWarp - 1, steps); ++k) {
+    // A step of the ramps, after the profile's fill where a chunk starts.
+    auto ramp_step = [&](const int k) {
       if ((k & (kWarp - 1)) == 0) fill(k);
       step(k, std::true_type{});
-    }
+    };
+    int k = 0;
+    for (; k < min(kWarp - 1, steps); ++k) ramp_step(k);
     // The steps between, a chunk of the profile at a time: the fill's test stays out of the steps' loop, whose
     // bound (the chunk's end) is then a register, not the query's length reloaded from the launch's
     // parameters; and the loop leaves to settle, so that the steps that need no rescaling (almost all) take
@@ -372,10 +374,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         settle();
       }
     }
-    for (; k < steps; ++k) {
-      if ((k & (kWarp - 1)) == 0) fill(k);
-      step(k, std::true_type{});
-    }
+    for (; k < steps; ++k) ramp_step(k);
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       failed |= !(best[s] <= FLT_MAX);
