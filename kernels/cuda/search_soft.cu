@@ -240,15 +240,12 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     // What a step found for the rescaling after it: some segment of the lane passed 2^U, or has sigma > F and
     // its first cell under floor_first; linear: each segment's largest value.
     bool rescaling = false;
-    [[maybe_unused]] float his[AFFINE ? 1 : S];
     // The rescaling after a step, in the lanes whose step found a segment for it.
     auto settle = [&]() {
       if (!rescaling) return;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        float hi;
-        if constexpr (AFFINE) hi = segment_max<false>(up, s);
-        else hi = his[s];
+        const float hi = segment_max<!AFFINE>(up, s);
         const bool near_floor = up[s * kSegment] < low[s];
         if (near_floor) {  // the cells inside the target, against the floor
           float lo = FLT_MAX;
@@ -325,10 +322,19 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           dp = dp_next;
           up[q] = x;
         }
-        const float hi = segment_max<!AFFINE>(up, s);
-        best[s] = max_nan(best[s], hi);
-        rescaling |= hi > upper || up[s * kSegment] < low[s];
-        if constexpr (!AFFINE) his[s] = hi;
+        // best[s] is the largest value since the segment's last rescale, which any value past 2^U brings
+        // about at once: so best[s] > 2^U where this row's largest value is. Linear: one three-way integer
+        // maximum more takes best[s] into the tree (4 instructions for 9 values).
+        if constexpr (AFFINE) {
+          best[s] = max_nan(best[s], segment_max<false>(up, s));
+        } else {
+          const float* const x = up + s * kSegment;
+          auto bits = [](float f) { return __float_as_int(f); };
+          best[s] = __int_as_float(__vimax3_s32(__vimax3_s32(bits(best[s]), bits(x[0]), bits(x[1])),
+                                                __vimax3_s32(bits(x[2]), bits(x[3]), bits(x[4])),
+                                                __vimax3_s32(bits(x[5]), bits(x[6]), bits(x[7]))));
+        }
+        rescaling |= best[s] > upper || up[s * kSegment] < low[s];
         diag[s] = lv;
         x_last = up[s * kSegment + kSegment - 1], xt_last = xt, sig_last = sig[s];
       }
