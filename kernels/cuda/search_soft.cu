@@ -238,7 +238,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       __syncwarp();
     };
     // What a step found for the rescaling after it: some segment of the lane passed 2^U, or has sigma > F and
-    // its first cell under floor_first; linear: each segment's largest value.
+    // its first cell under floor_first.
     bool rescaling = false;
     // The rescaling after a step, in the lanes whose step found a segment for it.
     auto settle = [&]() {
