@@ -27,9 +27,9 @@
 // 2^U, or where its left input would, and up only where sigma > F and its cells near the floor (below): by
 // a power of two, an exact multiply. A segment's input, the last column of the segment to its left (in this
 // lane, the lane to the left, or the previous tile), is converted from that segment's scale by
-// 2^(sigma' - sigma) in two factors, exact wherever the result is a normal float. So every cell is the same
-// float computation whatever the lanes and tiles: a pair's score has the same bits in every block it can be
-// scored in.
+// 2^(sigma' - sigma) in two factors (affine: in one where that is a normal float), exact wherever the
+// result is a normal float. So every cell is the same float computation whatever the lanes and tiles: a
+// pair's score has the same bits in every block it can be scored in.
 //
 // Checks (the host derives U, T, the floor F and the padding's bound from the matrix, t and the gaps:
 // search.SoftSearch):
@@ -83,6 +83,13 @@ __device__ __forceinline__ void split_pow2(int d, float& a, float& b) {
   d = min(max(d, -252), 254);
   const int half = d >> 1;
   a = pow2_int(half), b = pow2_int(d - half);
+}
+
+// 2^d where that is a normal float, d in [-126, 127], else a NaN: a conversion in one multiply, the same
+// float as in two factors (split_pow2) wherever 2^d is one; a NaN sends the others to the input's range
+// check, which converts them in two factors.
+__device__ __forceinline__ float pow2_or_nan(int d) {
+  return unsigned(d + 126) <= 253u ? pow2_int(d) : __int_as_float(0x7fffffff);
 }
 
 __device__ __forceinline__ int exponent_of(float x) { return int(__float_as_uint(x) >> 23) - 127; }
@@ -190,7 +197,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     }
     int sig[S];
     // low: floor_first where sigma > F, else 0 (every cell is then at least 2^-sigma >= 2^-F, at any scale);
-    // fa, fb: the conversion from the segment to the left
+    // fa, fb: the conversion from the segment to the left (conversion() below)
     float one[S], low[S], diag[S], best[S], fa[S], fb[S];
 #pragma unroll
     for (int s = 0; s < S; ++s) sig[s] = 0, one[s] = 1.0f, low[s] = 0.0f, diag[s] = 1.0f, best[s] = 0.0f, fa[s] = 1.0f, fb[s] = 1.0f;
@@ -219,6 +226,13 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       one[s] = __int_as_float(max(127 - sig[s], 0) << 23);  // 2^-sigma, 0 past the float range
       low[s] = sig[s] > call.floor ? floor_first : 0.0f;
     };
+    // The conversion of an input by 2^d, as factors fa, fb: affine in one multiply (pow2_or_nan, fb unused),
+    // linear in two (split_pow2): one multiply made the affine step faster and the linear one slower.
+    auto conversion = [](const int d, float& a, float& b) {
+      if constexpr (AFFINE) a = pow2_or_nan(d);
+      else split_pow2(d, a, b);
+    };
+    auto convert = [](const float x, const float a, const float b) { return AFFINE ? x * a : x * a * b; };
     // Whether any lane of the warp has cond: a branch the whole warp takes or skips (no divergence to
     // reconverge from), where every lane is in the step; in a ramp, the lane's own.
     auto any = [](bool cond, auto ramp) { return decltype(ramp)::value ? cond : __any_sync(kFull, cond); };
@@ -258,7 +272,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         // spread past T + F bits stays, and is checked on every row). A segment that only shrinks is left at
         // its scale for as long as its cells clear the floor.
         if (hi > upper || (near_floor && hi < middle)) rescale(s, max(exponent_of(hi) - call.middle, -sig[s]));
-        if (s > 0) split_pow2(sig[s - 1] - sig[s], fa[s], fb[s]);
+        if (s > 0) conversion(sig[s - 1] - sig[s], fa[s], fb[s]);
       }
     };
     // One row of the lane's columns; in the ramp it settles its own lane and returns false, between the ramps
@@ -282,22 +296,30 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
 #pragma unroll
       for (int s = 0; s < S; ++s) {
         float a0 = fa[s], b0 = fb[s];
-        if (s == 0) split_pow2(sig_in - sig[0], a0, b0);
-        float lv = x_last * a0 * b0, xt = AFFINE ? xt_last * a0 * b0 : 0.0f;
-        const bool over = !(lv <= upper);
+        if (s == 0) conversion(sig_in - sig[0], a0, b0);
+        float lv = convert(x_last, a0, b0), xt = AFFINE ? convert(xt_last, a0, b0) : 0.0f;
+        const bool over = !(lv <= upper);  // affine: or a conversion past one factor (a NaN)
         if (any(over, ramp)) {
           converge(ramp);
-          if (over) {
+          const int delta = sig_last - sig[s];
+          bool passes = over;
+          if constexpr (AFFINE) {
+            if (over) {  // converted again in two factors
+              split_pow2(delta, a0, b0);
+              lv = x_last * a0 * b0, xt = xt_last * a0 * b0;
+              passes = !(lv <= upper);
+            }
+          }
+          if (passes) {
           // The input passes 2^U (or overflowed in the conversion): rescale the segment first, so that
           // the input lands at 2^landing, and convert it again: a strong alignment entering from the left.
-          const int delta = sig_last - sig[s];
           const int shift = exponent_of(x_last) + delta - landing;
           rescale(s, shift);
           split_pow2(delta - shift, a0, b0);
           lv = x_last * a0 * b0;
           if constexpr (AFFINE) xt = xt_last * a0 * b0;
-          if (s > 0) fa[s] = a0, fb[s] = b0;
-          if (s + 1 < S) split_pow2(sig[s] - sig[s + 1], fa[s + 1], fb[s + 1]);
+          if (s > 0) conversion(delta - shift, fa[s], fb[s]);
+          if (s + 1 < S) conversion(sig[s] - sig[s + 1], fa[s + 1], fb[s + 1]);
           }
         }
         [[maybe_unused]] float left = lv;  // the linear sweep's left neighbour (affine carries xt)
