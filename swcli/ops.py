@@ -61,6 +61,7 @@ from numbers import Real
 import numpy as np
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 
 from swcli import _build
 from swcli.reference import soft_smith_waterman_affine_reference, soft_smith_waterman_reference
@@ -280,6 +281,22 @@ def _save_for_gradient(ctx, S, query_lengths, target_lengths, state, best, faile
 NOT_TWICE_DIFFERENTIABLE = (
     "swcli: the compiled engines' gradient is not differentiable (no double backward, no Hessian): use "
     "backend='reference' for second derivatives")
+NO_FORWARD_MODE = (
+    "swcli: the op has no forward-mode derivative (torch.func.jvp, jacfwd, torch.autograd.forward_ad): its "
+    "gradient is reverse mode; use backward(), torch.func.grad, vjp or jacrev")
+
+
+def _refuse_forward_mode(*tensors) -> None:
+    """NO_FORWARD_MODE where a forward-mode derivative is being taken: the operators have no formula for
+    one, and its tangent would otherwise come out as zero. (Nested with a reverse-mode one, as in hessian:
+    NOT_TWICE_DIFFERENTIABLE, which says more.)"""
+    _refuse_nested_differentiation()
+    if _in_functorch() and any(interpreter.key() == torch._C._functorch.TransformType.Jvp
+                               for interpreter in torch._C._functorch.get_interpreter_stack()):
+        raise RuntimeError(NO_FORWARD_MODE)
+    if forward_ad._current_level >= 0 and any(
+            isinstance(x, torch.Tensor) and forward_ad.unpack_dual(x).tangent is not None for x in tensors):
+        raise RuntimeError(NO_FORWARD_MODE)
 
 
 def _once_differentiable(inputs, *grads):
@@ -920,7 +937,9 @@ for _name in ("posterior_per_pair", "affine_posterior_per_pair"):
 
 
 def _check_number(name: str, value) -> float:
-    if type(value) is float and math.isfinite(value):  # the common case, checked fast
+    # The common case, checked fast; by comparisons rather than math.isfinite, which torch.compile cannot
+    # trace on a float it made symbolic (a value that changed between calls).
+    if type(value) is float and -math.inf < value < math.inf:
         return value
     if isinstance(value, torch.Tensor):
         raise ValueError(f"{name} must be a finite number here, got a tensor; tensors (0-d or one value per "
@@ -1091,6 +1110,13 @@ def affine_gradient_by_rows(S: torch.Tensor, lengths: bool, gap_open: float, tem
 # The public functions
 
 
+def _holding_gradient() -> bool:
+    """Whether the graph being captured is kept to run elsewhere (torch.jit.trace, torch.export): it then
+    holds the differentiable operators whatever the example's requires_grad was, since it may run with a
+    score matrix that requires grad. (torch.compile guards on requires_grad and compiles again.)"""
+    return torch.jit.is_tracing() or torch.compiler.is_exporting()
+
+
 def _capturing_graph() -> bool:
     """Whether a graph is being captured from this call (torch.compile, torch.export, torch.jit.trace):
     then the operators are called with their registered autograd, so that the graph holds them and
@@ -1104,6 +1130,19 @@ def _in_functorch() -> bool:
     autograd Functions written for them, which the per-pair path has (_PosteriorWithGradient)."""
     # (torch.compile traces no functorch internals; a compiled graph under a transform is functorch's own)
     return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _needs_grad(x: torch.Tensor) -> bool:
+    """x.requires_grad, seen through torch.func's wrappers: a tensor batched by vmap reads False there even
+    where autograd outside the transform tracks the tensor it wraps."""
+    if not _in_functorch():
+        return x.requires_grad
+    functorch = torch._C._functorch
+    while not x.requires_grad:
+        if not (functorch.is_batchedtensor(x) or functorch.is_gradtrackingtensor(x)):
+            return False
+        x = functorch.get_unwrapped(x)
+    return True
 
 
 def soft_smith_waterman(
@@ -1149,8 +1188,8 @@ def soft_smith_waterman(
             and gap_extend is None and query_lengths is None and target_lengths is None and backend == "auto"
             and type(score_matrix) is torch.Tensor and score_matrix.is_cuda and score_matrix.dtype is torch.float32
             and score_matrix.dim() == 3 and not score_matrix.requires_grad and temperature >= 0
-            and math.isfinite(gap) and math.isfinite(temperature) and not return_posterior
-            and not torch.jit.is_tracing()):
+            and -math.inf < gap < math.inf and temperature < math.inf and not return_posterior
+            and not torch.jit.is_tracing() and forward_ad._current_level < 0):
         # Inference on full float32 pairs on the GPU with a linear gap, every argument checked as below but
         # in fewer steps: at small sizes (the seed's) the host's time per call sets the rate.
         return _scores(score_matrix, None, None, gap, temperature)
@@ -1167,6 +1206,7 @@ def soft_smith_waterman(
     temperature, backend, qlen, tlen = _check_arguments(
         temperature, backend, score_matrix, score_matrix.shape, query_lengths, target_lengths, tensors=True)
 
+    _refuse_forward_mode(score_matrix, gap, gap_open, gap_extend, temperature)
     S = score_matrix
     if dtype is torch.float16 or dtype is torch.bfloat16:
         S = S.float()
@@ -1183,9 +1223,7 @@ def soft_smith_waterman(
         scores = soft_smith_waterman_reference(S, gap, temperature, qlen, tlen)
     else:
         _load_engine_for(S)
-        if torch.jit.is_tracing() or (torch.is_grad_enabled() and S.requires_grad):
-            # A traced graph holds the differentiable forward whatever the example's requires_grad was:
-            # it may run with a score matrix that requires grad.
+        if _holding_gradient() or (torch.is_grad_enabled() and S.requires_grad):
             by_rows = gradient_by_rows(S, qlen is not None or tlen is not None, gap, temperature)
             if _capturing_graph():
                 scores = _forward(S, qlen, tlen, gap, temperature, by_rows)[0]
@@ -1206,7 +1244,7 @@ def _affine_scores_of(S, qlen, tlen, gap_open: float, gap_extend: float, tempera
     if backend == "reference":
         return soft_smith_waterman_affine_reference(S, gap_open, gap_extend, temperature, qlen, tlen)
     _load_engine_for(S)
-    if torch.jit.is_tracing() or (torch.is_grad_enabled() and S.requires_grad):
+    if _holding_gradient() or (torch.is_grad_enabled() and S.requires_grad):
         by_rows = affine_gradient_by_rows(S, qlen is not None or tlen is not None, gap_open, temperature)
         if _capturing_graph():
             return _affine_forward(S, qlen, tlen, gap_open, gap_extend, temperature, by_rows)[0]
@@ -1353,12 +1391,12 @@ def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_post
     _load_engine_for(S)
     _refuse_nested_differentiation()
     values, known = _per_pair_values(S, gaps, temperature)
-    differentiable = torch.is_grad_enabled() and (S.requires_grad or any(v.requires_grad for v in values))
+    differentiable = torch.is_grad_enabled() and (_needs_grad(S) or any(_needs_grad(v) for v in values))
     if differentiable and not return_posterior and _rows_per_pair_take(S, qlen is not None or tlen is not None,
                                                                        known):
         return _RowsPerPair.apply(S, qlen, tlen, *values), None
     host = _read_per_pair_values(S, values, known, temperature)
-    if not (return_posterior or differentiable or torch.jit.is_tracing()):
+    if not (return_posterior or differentiable or _holding_gradient()):
         if host is not None:  # the values read already: the engine's scores by groups, no second read
             return _scores_of_groups(S, qlen, tlen, _groups(host, S.device)), None
         op = _scores_per_pair if len(gaps) == 1 else _affine_scores_per_pair
@@ -1422,8 +1460,9 @@ def soft_smith_waterman_codes(
         with torch.no_grad():
             return soft_smith_waterman(S, gap, temperature, qlen, tlen, backend, gap_open=gap_open,
                                        gap_extend=gap_extend, return_posterior=True)
-    return score_checked_codes(query_codes, target_codes, matrix.to(query_codes.device), gap, temperature, qlen,
-                               tlen, backend, gap_open=gap_open, gap_extend=gap_extend)
+    with torch.no_grad():  # (the engines' codes operators have no gradient; nor, then, do their scores)
+        return score_checked_codes(query_codes, target_codes, matrix.to(query_codes.device), gap, temperature,
+                                   qlen, tlen, backend, gap_open=gap_open, gap_extend=gap_extend)
 
 
 def score_checked_codes(query_codes, target_codes, matrix, gap: float | None, temperature: float, qlen, tlen,

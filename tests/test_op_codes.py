@@ -46,6 +46,17 @@ def test_codes_match_reference(t):
     assert torch.equal(ref, reference(S.double(), -0.5, t, qlen, tlen))
 
 
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_codes_scores_carry_no_gradient(backend):
+    """No gradient, as documented, and none claimed: the scores of a matrix that requires grad do not."""
+    pairs = related_protein_pairs(seed=10_250, count=3, min_length=5, max_length=20)
+    query, target, qlen, tlen, matrix = code_batch(pairs)
+    learnable = matrix.clone().requires_grad_()
+    out = soft_smith_waterman_codes(query, target, learnable, -1.0, 1.0, qlen, tlen, backend=backend)
+    assert not out.requires_grad
+    assert torch.equal(out, soft_smith_waterman_codes(query, target, matrix, -1.0, 1.0, qlen, tlen, backend=backend))
+
+
 def test_codes_padding_and_layout_do_not_matter():
     pairs = related_protein_pairs(seed=10_300, count=40, min_length=0, max_length=60)
     query, target, qlen, tlen, matrix = code_batch(pairs, pad_code=0)

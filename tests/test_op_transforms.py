@@ -89,6 +89,42 @@ def test_vmap_over_a_batch_of_batches(kind):
         torch.testing.assert_close(grads[v], expected_grad, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_vmap_carries_the_gradient_of_a_tensor_autograd_tracks_outside_it(kind):
+    """vmap's batched tensor reads requires_grad False even where autograd outside the transform tracks
+    the tensor it wraps: the scores still take the differentiable path, as backward(), grad and jacrev
+    of the vmapped function show."""
+    S = random_scores((2, 3, 4, 5), seed=135)
+    f = torch.vmap(lambda S: ssw(S, temperature=0.8, **gaps_of(kind)))
+    flat = S.reshape(6, 4, 5).clone().requires_grad_()
+    (expected,) = torch.autograd.grad(ssw(flat, temperature=0.8, **gaps_of(kind)).sum(), flat)
+    expected = expected.reshape(S.shape)
+    leaf = S.clone().requires_grad_()
+    f(leaf).sum().backward()
+    torch.testing.assert_close(leaf.grad, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.func.grad(lambda S: f(S).sum())(S), expected, rtol=0, atol=1e-12)
+    jacobian = torch.func.jacrev(f)(S)
+    torch.testing.assert_close(jacobian.sum((0, 1)), expected, rtol=0, atol=1e-12)
+    with torch.no_grad():
+        assert not f(leaf).requires_grad
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_mode_derivatives_are_a_clear_error(kind):
+    S = random_scores((2, 4, 5), seed=137)
+    message = "no forward-mode derivative"
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jacfwd(lambda S: ssw(S, **gaps_of(kind)))(S)
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jvp(lambda t: ssw(S, temperature=t, **gaps_of(kind)), (torch.tensor(1.0, dtype=S.dtype),),
+                       (torch.tensor(1.0, dtype=S.dtype),))
+    from torch.autograd import forward_ad
+    with forward_ad.dual_level():
+        with pytest.raises(RuntimeError, match=message):
+            ssw(forward_ad.make_dual(S, torch.ones_like(S)), **gaps_of(kind))
+        torch.testing.assert_close(ssw(S, **gaps_of(kind)), ssw(S.clone(), **gaps_of(kind)))  # no tangent
+
+
 def test_vmap_over_per_pair_gaps():
     S, qlen, tlen = batch(140)
     gaps = torch.tensor([[-1.0], [-2.0], [-0.5]], dtype=torch.float64).expand(3, 4)
@@ -161,6 +197,47 @@ def test_export_learnable_module(kind):
     exported = torch.export.export(module, (S, qlen, tlen))
     S2, q2, t2 = batch(221)
     torch.testing.assert_close(exported.module()(S2, q2, t2), module(S2, q2, t2), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("per_pair", [False, True], ids=["numbers", "tensors"])
+def test_export_without_gradients_runs_with_them(kind, per_pair):
+    """A program exported from an example that needs no gradient holds the differentiable operators: run
+    with a score matrix that requires grad, it gives the eager op's gradient."""
+    S, qlen, tlen = batch(225)
+    gap = torch.full((4,), -1.5, dtype=torch.float64) if per_pair else -1.5
+
+    class Scores(torch.nn.Module):
+        def forward(self, S, qlen, tlen):
+            return ssw(S, temperature=0.7, query_lengths=qlen, target_lengths=tlen, **gaps_of(kind, gap))
+
+    exported = torch.export.export(Scores(), (S, qlen, tlen))
+    S2, q2, t2 = batch(226)
+    S2.requires_grad_()
+    out, expected = exported.module()(S2, q2, t2), Scores()(S2, q2, t2)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    (got,) = torch.autograd.grad(out.sum(), S2)
+    (want,) = torch.autograd.grad(expected.sum(), S2)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_compile_fullgraph_takes_changed_gaps_and_temperature(kind):
+    """A number that changes between calls becomes symbolic in the compiled graph (and a module's
+    temperature set between calls too): the argument checks still trace."""
+    torch._dynamo.reset()
+    S, qlen, tlen = batch(230)
+    compiled = torch.compile(lambda S, g, t: ssw(S, temperature=t, **gaps_of(kind, g)), fullgraph=True)
+    for g, t in ((-1.5, 1.0), (-2.5, 1.0), (-3.0, 0.5), (-3.0, 0.0)):
+        torch.testing.assert_close(compiled(S, g, t), ssw(S, temperature=t, **gaps_of(kind, g)), rtol=0,
+                                   atol=1e-12)
+    extend = {} if kind == "linear" else {"gap_extend": -0.5}
+    module = swcli.SoftSmithWaterman(gap_open=-1.5, **extend).double()
+    compiled_module = torch.compile(module, fullgraph=True)
+    compiled_module(S)
+    module.temperature = 2.0
+    torch.testing.assert_close(compiled_module(S), ssw(S, temperature=2.0, **gaps_of(kind, -1.5)), rtol=0,
+                               atol=1e-12)
 
 
 def test_meta_tensors_with_tensor_parameters_and_gradients():
