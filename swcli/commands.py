@@ -10,6 +10,7 @@ import math
 import os
 import stat
 import sys
+from contextlib import contextmanager
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -17,6 +18,7 @@ import typer
 
 from swcli import __version__, interrupt
 from swcli.errors import SwcliError
+from swcli.output import refuse_output_over_inputs
 
 app = typer.Typer(
     name="swcli",
@@ -351,6 +353,7 @@ def align(
     from swcli.output import chunk_rows
     from swcli.pipeline import Stats
 
+    refuse_output_over_inputs(output, (("QUERIES", queries), ("TARGETS", targets), ("--matrix", matrix)))
     columns = _columns(format_output, lambda_, k, alpha, beta)
     group = distributed.start((queries, targets), distributed_.value, quiet)  # None unless started by torchrun
     quiet = quiet or not distributed.is_leader(group)
@@ -390,9 +393,23 @@ def align(
             typer.echo(f"swcli: {stats.pairs:,} pairs: {_work(stats.cells, stats.seconds)}; scoring calls "
                        f"{stats.kernel_seconds:.3f} s{_ranks(group)}", err=True)
     except BrokenPipeError:
-        # The reader went away (swcli align ... | head): stop quietly, with the shell's SIGPIPE status.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(141) from None
+        _reader_left()
+
+
+def _reader_left():
+    """The reader of stdout went away (swcli align ... | head): stop quietly, with the shell's SIGPIPE
+    status (141)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise typer.Exit(141) from None
+
+
+@contextmanager
+def _stdout_reader_may_leave():
+    """_reader_left where what is inside writes to stdout."""
+    try:
+        yield
+    except BrokenPipeError:
+        _reader_left()
 
 
 @app.command()
@@ -422,7 +439,8 @@ def verify(
     settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
     report = verify_pairs(_pairs(queries, targets, all_vs_all), settings, sample, seed, max_cells,
                           lambda total: _progress_bar(quiet, "step", total))
-    typer.echo(report.describe(tolerance))
+    with _stdout_reader_may_leave():
+        typer.echo(report.describe(tolerance))
     if report.worst_relative > tolerance:
         raise typer.Exit(1)
 
@@ -471,6 +489,7 @@ def search(
     from swcli.search import check_inputs, run_search
 
     check_inputs(queries, database)
+    refuse_output_over_inputs(output, (("QUERIES", queries), ("DATABASE", database), ("--matrix", matrix)))
     columns = _columns(format_output, lambda_, k, alpha, beta, rank)
     group = distributed.start((queries, database), distributed_.value, quiet)  # None unless started by torchrun
     quiet = quiet or not distributed.is_leader(group)
@@ -487,8 +506,7 @@ def search(
                    progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter,
                    rank=statistics if rank is Rank.evalue else None)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(141) from None
+        _reader_left()
     if stats_ and distributed.is_leader(group):
         query_residues = done.cells // max(done.residues, 1)
         typer.echo(f"swcli: {done.queries:,} queries ({query_residues:,} residues) x {done.sequences:,} sequences "
@@ -545,6 +563,7 @@ def bench(
     """Time the engine: the seed workload (B=16, 32x32) beside the reference loop, and GCUPS."""
     from swcli.bench import run_benchmarks
 
-    run_benchmarks(_resolve_backend(backend), fasta, pairs, repeats, json)
+    with _stdout_reader_may_leave():
+        run_benchmarks(_resolve_backend(backend), fasta, pairs, repeats, json)
 
 

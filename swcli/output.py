@@ -122,6 +122,22 @@ class _TextSink:
         self.stream.flush()
 
 
+def refuse_output_over_inputs(output: str | None, inputs) -> None:
+    """An output that is one of the run's inputs ((option, path) pairs), the same file through any link,
+    would replace it once written: refused before anything is read."""
+    if output in (None, "-"):
+        return
+    for name, path in inputs:
+        if path in (None, "-"):
+            continue
+        try:
+            same = os.path.samefile(output, path)
+        except OSError:  # either does not exist (yet): not the same file
+            continue
+        if same:
+            raise SwcliError(f"{output}: -o is the same file as {name}; the output would replace it")
+
+
 def _error(path, why: str) -> SwcliError:
     return SwcliError(f"{path}: cannot write output ({why})")
 
@@ -150,6 +166,8 @@ class TsvWriter:
 
     def __enter__(self) -> TsvWriter:
         if self.path is None:
+            if sys.stdout is None:
+                raise SwcliError("standard output is closed: give -o a file to write to")
             sys.stdout.flush()  # anything printed before goes first
             # The bytes below the text layer, where there is one (a test's capture may have none).
             self.mode, self._handle = "stdout", getattr(sys.stdout, "buffer", None) or _TextSink(sys.stdout)

@@ -11,6 +11,7 @@ import torch
 
 from swcli.errors import SwcliError
 from swcli.fasta import FastaRecord
+from swcli.output import format_score
 from swcli.pipeline import Settings, Stats, encode_chunk, score_batches, score_chunk
 
 
@@ -52,7 +53,7 @@ class Report:
 
         def name(c: Check) -> str:
             return (f"pair {c.number} ({c.query.id} vs {c.target.id}, {len(c.query.sequence)}x"
-                    f"{len(c.target.sequence)}): {c.score!r} vs reference {c.reference!r}")
+                    f"{len(c.target.sequence)}): {format_score(c.score)} vs reference {float(c.reference)!r}")
 
         verdict = "OK" if self.worst_relative <= tolerance else "FAILED"
         return "\n".join([

@@ -244,6 +244,22 @@ def test_broken_pipe_is_quiet(tmp_path):
     assert result.stderr == ""
 
 
+def test_verify_into_a_closed_pipe_exits_141_quietly(tmp_path):
+    path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAWY"), ("b", "MKVLAWF")])
+    result = subprocess.run(f"{sys.executable} -m swcli verify {path} --backend cpu | true; "
+                            "echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", capture_output=True,
+                            text=True, timeout=300, env=subprocess_env())
+    assert result.stdout == "141\n" and result.stderr == ""
+
+
+def test_closed_stdout_is_a_one_line_error(tmp_path):
+    path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAWY"), ("b", "MKVLAWF")])
+    result = subprocess.run(f"{sys.executable} -m swcli align {path} --backend cpu >&-", shell=True,
+                            capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert result.returncode == 1
+    assert result.stderr == "swcli: error: standard output is closed: give -o a file to write to\n"
+
+
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_interrupted_run_leaves_no_file(tmp_path, signal_name):
     import signal
@@ -370,6 +386,28 @@ def test_input_bytes_follow_the_open_file(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- -o through the CLI
+
+@pytest.mark.parametrize("case", ["align's queries", "align's targets", "search's database through a link",
+                                  "a matrix file"])
+def test_output_onto_an_input_is_refused_and_the_input_kept(tmp_path, capsys, case):
+    queries = write_fasta(tmp_path / "q.fa", [("a", "MKVL"), ("b", "MKWL")])
+    targets = write_fasta(tmp_path / "t.fa", [("c", "MKVLA"), ("d", "MKWLA")])
+    matrix = tmp_path / "m.txt"
+    matrix.write_text("   A  B\nA  1 -1\nB -1  1\n")
+    (tmp_path / "link.fa").symlink_to(targets)
+    argv, name, kept = {
+        "align's queries": (["align", queries, "-o", queries], "QUERIES", queries),
+        "align's targets": (["align", queries, targets, "-o", targets], "TARGETS", targets),
+        "search's database through a link": (["search", queries, targets, "-o", str(tmp_path / "link.fa")],
+                                             "DATABASE", targets),
+        "a matrix file": (["align", queries, "-m", str(matrix), "-o", str(matrix)], "--matrix", str(matrix)),
+    }[case]
+    before = Path(kept).read_bytes()
+    code, out, err = run(argv, capsys)
+    assert code == 1 and out == ""
+    assert err == f"swcli: error: {argv[-1]}: -o is the same file as {name}; the output would replace it\n"
+    assert Path(kept).read_bytes() == before
+
 
 def test_output_to_a_fifo_and_to_dev_null(tmp_path, capsys):
     import stat

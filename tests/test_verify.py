@@ -1,5 +1,6 @@
 """verify.py and `swcli verify`: sampling, the report, and exit 1 when the backend is off."""
 
+import re
 from pathlib import Path
 
 import swcli.pipeline
@@ -47,6 +48,8 @@ def test_verify_passes_on_the_cpu_engine(capsys):
     assert "checked 3 of 20 pairs (20 within --max-cells 250000): backend cpu" in out
     assert "OK: tolerance 0.0001" in out
     assert "largest absolute difference" in out and "largest relative difference" in out
+    # the scores as numbers (the engine's as the TSV writes it), not as numpy's reprs
+    assert "np." not in out and re.search(r"\): -?[0-9.]+ vs reference -?[0-9.]+\n", out)
 
 
 def test_verify_names_the_gaps_and_checks_affine_gaps_against_the_affine_loop(capsys):
