@@ -112,7 +112,7 @@ def save(database: Database, folder: str | Path) -> None:
         database.codes.astype("<u1").tofile(staging / "codes.u8")
         database.offsets.astype("<i8").tofile(staging / "offsets.i64")
         database.index.astype("<i8").tofile(staging / "index.i64")
-        (staging / "ids.txt").write_text("".join(f"{i}\n" for i in database.ids))
+        (staging / "ids.txt").write_text("".join(f"{i}\n" for i in database.ids), encoding="utf-8")
         meta = {"format": FORMAT, "alphabet": database.alphabet, "sequences": len(database),
                 "residues": database.residues, "source": database.source}
         (staging / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -141,15 +141,30 @@ def load(folder: str | Path) -> Database:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DatabaseError(f"{folder}: format {meta.get('format') if isinstance(meta, dict) else None!r}, "
                             f"expected {FORMAT!r}; prepare it again with swcli makedb")
-    count, residues = int(meta["sequences"]), int(meta["residues"])
+    count, residues, alphabet = meta.get("sequences"), meta.get("residues"), meta.get("alphabet")
+    if not (type(count) is int and type(residues) is int and count >= 0 and residues >= 0
+            and isinstance(alphabet, str) and alphabet):
+        raise DatabaseError(f"{folder}/meta.json: sequences {count!r}, residues {residues!r}, alphabet "
+                            f"{alphabet!r}: not a count, a count and letters; prepare it again")
     offsets = _array(folder / "offsets.i64", np.int64, count + 1)
     index = _array(folder / "index.i64", np.int64, count)
     codes = _array(folder / "codes.u8", np.uint8, residues)
-    ids = (folder / "ids.txt").read_text().splitlines()
-    if (len(ids) != count or offsets[0] != 0 or offsets[-1] != residues or np.any(np.diff(offsets) < 0)
-            or not np.array_equal(np.sort(index), np.arange(count))):
+    try:
+        ids = (folder / "ids.txt").read_bytes().decode().split("\n")[:-1]
+    except UnicodeDecodeError as exc:
+        raise DatabaseError(f"{folder}/ids.txt: not UTF-8 (byte {exc.start}); prepare it again") from None
+    lengths = np.diff(offsets)
+    if (len(ids) != count or offsets[0] != 0 or offsets[-1] != residues or np.any(lengths < 1)
+            or np.any(lengths[1:] > lengths[:-1]) or not np.array_equal(np.sort(index), np.arange(count))):
         raise DatabaseError(f"{folder}: its files disagree (ids, offsets, index); prepare it again")
-    return Database(codes, offsets, index, ids, str(meta["alphabet"]), str(folder))
+    if not all(ids):
+        raise DatabaseError(f"{folder}/ids.txt: line {ids.index('') + 1} is empty; prepare it again")
+    # Codes past the alphabet would index past the matrix: one pass over the (memory-mapped) codes.
+    if residues and int(codes.max()) >= len(alphabet):
+        at = int(np.flatnonzero(np.asarray(codes) >= len(alphabet))[0])
+        raise DatabaseError(f"{folder}/codes.u8: byte {at} is code {int(codes[at])}, past the {len(alphabet)} "
+                            "letters of its alphabet; prepare it again")
+    return Database(codes, offsets, index, ids, alphabet, str(folder))
 
 
 def _array(path: Path, dtype, size: int) -> np.ndarray:

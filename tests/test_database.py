@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -89,12 +90,44 @@ def test_save_into_a_missing_folder_is_an_error(tmp_path):
         database.save(db, tmp_path / "no" / "db")
 
 
+def _edit_bytes(path, at: int, value: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] = value
+    path.write_bytes(bytes(data))
+
+
+def _edit_meta(folder, **changes) -> None:
+    meta = json.loads((folder / "meta.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            del meta[key]
+        else:
+            meta[key] = value
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def _edit_offsets(folder, k: int, take_from: int) -> None:
+    """offsets[k] set to offsets[take_from]."""
+    offsets = np.fromfile(folder / "offsets.i64", dtype="<i8")
+    offsets[k] = offsets[take_from]
+    offsets.tofile(folder / "offsets.i64")
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda f: (f / "codes.u8").unlink(), r"missing codes\.u8"),
     (lambda f: (f / "codes.u8").write_bytes(b"\x00"), r"codes\.u8: 1 bytes, expected"),
     (lambda f: (f / "meta.json").write_text("{"), r"meta\.json: unreadable"),
     (lambda f: (f / "meta.json").write_text('{"format": "other"}'), r"format 'other'"),
     (lambda f: (f / "ids.txt").write_text("a\n"), "its files disagree"),
+    (lambda f: _edit_bytes(f / "codes.u8", 3, 255), r"codes\.u8: byte 3 is code 255, past the 24 letters"),
+    (lambda f: _edit_meta(f, sequences=None), r"meta\.json: sequences None, residues \d+"),
+    (lambda f: _edit_meta(f, sequences="abc"), r"meta\.json: sequences 'abc'"),
+    (lambda f: _edit_meta(f, sequences=-1), r"meta\.json: sequences -1"),
+    (lambda f: _edit_meta(f, alphabet=""), r"meta\.json: .* alphabet ''"),
+    (lambda f: (f / "ids.txt").write_bytes((f / "ids.txt").read_bytes() + b"\xff"), r"ids\.txt: not UTF-8"),
+    (lambda f: (f / "ids.txt").write_text("s0\n\ns2\ns3\ns4\n"), r"ids\.txt: line 2 is empty"),
+    (lambda f: _edit_offsets(f, 1, 0), "its files disagree"),  # the first sequence emptied
+    (lambda f: _edit_offsets(f, 3, 1), "its files disagree"),  # out of the length order
 ])
 def test_damaged_folders_are_refused(tmp_path, damage, message):
     database.save(database.build(records(5, seed=5), BLOSUM62, "db.fa"), tmp_path / "db")
