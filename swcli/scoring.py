@@ -10,6 +10,7 @@ or NaN, without an error.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,6 +210,50 @@ class SubstitutionMatrix:
         return SubstitutionMatrix(self.name, self.alphabet, self.scores, table, letter)
 
 
+def _check_matrix_file(path: Path, where: str) -> None:
+    """The layout Biopython's reader expects, which it does not check itself (it takes a short row's
+    missing scores as 0, a missing row as zeros): '#' comment lines, a header of one letter a column, then
+    one row a letter, in the header's order, each its letter and a number a column."""
+    try:
+        text = path.read_bytes().decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise MatrixError(f"{where}: not a text matrix file (byte {exc.start} is not ASCII)") from None
+    except OSError as exc:
+        raise MatrixError(f"{where}: cannot read ({exc.strerror})") from None
+    control = re.search(r"[\x00-\x08\x0e-\x1f\x7f]", text)
+    if control:
+        raise MatrixError(f"{where}: not a text matrix file (byte {control.start()} is a control character)")
+    lines = text.splitlines()
+    first = next((n for n, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    body = [(n + 1, lines[n].split()) for n in range(first, len(lines))]
+    while body and not body[-1][1]:  # blank lines at the end
+        body.pop()
+    if not body:
+        raise MatrixError(f"{where}: no matrix in this file (a header of letters, then a row a letter)")
+    line, header = body[0]
+    if not header or any(len(letter) != 1 for letter in header) or len(set(header)) != len(header):
+        raise MatrixError(f"{where}: line {line}: the header should be distinct letters, one a column, got "
+                          f"{' '.join(header)[:60]!r}")
+    blank = next((line for line, row in body if not row), None)
+    if blank is not None:
+        raise MatrixError(f"{where}: line {blank} is blank, inside the matrix")
+    if len(body) - 1 != len(header):
+        raise MatrixError(f"{where}: {len(header)} letters in the header (line {line}), but {len(body) - 1} rows")
+    for (line, row), letter in zip(body[1:], header):
+        if not row or row[0] != letter:
+            raise MatrixError(f"{where}: line {line}: expected the row of {letter!r} (the header's order), got "
+                              f"{' '.join(row)[:60]!r}")
+        if len(row) != len(header) + 1:
+            raise MatrixError(f"{where}: line {line}: row {letter!r} has {len(row) - 1} scores, expected "
+                              f"{len(header)}")
+        for column, word in zip(header, row[1:]):
+            try:
+                float(word)
+            except ValueError:
+                raise MatrixError(f"{where}: line {line}: the score of row {letter!r}, column {column!r} is "
+                                  f"{word!r}, not a number") from None
+
+
 def _from_biopython(name: str, array, where: str | None = None) -> SubstitutionMatrix:
     """The matrix `name` from a Biopython array; errors name `where` (the file as given), else `name`."""
     where = where or name
@@ -218,10 +263,11 @@ def _from_biopython(name: str, array, where: str | None = None) -> SubstitutionM
     if len(alphabet) >= INVALID:
         raise MatrixError(f"matrix {name} has {len(alphabet)} letters; at most {INVALID - 1} are supported")
     table = bytearray([INVALID]) * 256
-    # Lower case first, so a matrix that scores both cases keeps its own code for each.
+    # Either case first, then the letters themselves, so a matrix that scores both cases keeps its own code
+    # for each, and one in a single case (upper or lower) takes both.
     for code, letter in enumerate(alphabet):
         if ord(letter) < 128:
-            table[ord(letter.lower())] = code
+            table[ord(letter.lower())] = table[ord(letter.upper())] = code
     for code, letter in enumerate(alphabet):
         if ord(letter) < 128:
             table[ord(letter)] = code
@@ -242,6 +288,7 @@ def load_matrix(spec: str) -> SubstitutionMatrix:
 
     path = Path(spec)
     if path.is_file():
+        _check_matrix_file(path, spec)
         try:
             with open(path) as handle:
                 array = substitution_matrices.read(handle)

@@ -38,11 +38,45 @@ def test_matrix_file(tmp_path):
     assert matrix.alphabet == "AC" and matrix.score("C", "C") == 3 and matrix.score("A", "C") == -1
 
 
-def test_unreadable_matrix_file(tmp_path):
-    path = tmp_path / "junk.mat"
-    path.write_text("this is not a matrix\n1 2 3\n")
-    with pytest.raises(MatrixError, match="junk.mat: cannot read a substitution matrix"):
+@pytest.mark.parametrize("text, message", [
+    ("this is not a matrix\n1 2 3\n", "line 1: the header should be distinct letters, one a column, got 'this is"),
+    ("# only a comment\n\n", "no matrix in this file"),
+    ("", "no matrix in this file"),
+    ("   A  C  G\nA  1 -1 -1 0\nC -1  1 -1 0\n", "3 letters in the header (line 1), but 2 rows"),
+    ("   A  C\nA  2 -1\nC -1\n", "line 3: row 'C' has 1 scores, expected 2"),
+    ("   A  C\nC -1 3\nA  2 -1\n", "line 2: expected the row of 'A' (the header's order), got 'C -1 3'"),
+    ("   A  A\nA  2 -1\nA -1  3\n", "line 1: the header should be distinct letters"),
+    ("   A  C\nA  2 x\nC -1  3\n", "line 2: the score of row 'A', column 'C' is 'x', not a number"),
+    ("   A  C\n\nA  2 -1\nC -1  3\n", "line 2 is blank, inside the matrix"),
+    ("\x00\x01\x02", "not a text matrix file (byte 0 is a control character)"),
+])
+def test_malformed_matrix_files_are_refused_saying_where(tmp_path, text, message):
+    path = tmp_path / "bad.mat"
+    path.write_bytes(text.encode())
+    with pytest.raises(MatrixError) as info:
         load_matrix(str(path))
+    assert str(info.value).startswith(f"{path}: ") and message in str(info.value), info.value
+    assert "\n" not in str(info.value)
+
+
+def test_matrix_files_in_lower_case_take_both_cases(tmp_path):
+    path = tmp_path / "lower.mat"
+    path.write_text("# a DNA matrix in lower case\n   a  c\na  2 -1\nc -1  3\n")
+    matrix = load_matrix(str(path))
+    assert matrix.encode("ACac", lambda: "x") == matrix.encode("acac", lambda: "x") == bytes([0, 1, 0, 1])
+
+
+def test_biopythons_own_matrix_files_load_as_their_names():
+    import os
+
+    folder = os.path.join(os.path.dirname(substitution_matrices.__file__), "data")
+    for name in available_matrices():
+        try:
+            by_name = load_matrix(name)
+        except MatrixError:  # SCHNEIDER, a codon matrix, is refused for its shape
+            continue
+        by_file = load_matrix(os.path.join(folder, name))
+        assert by_file.alphabet == by_name.alphabet and by_file.scores == by_name.scores, name
 
 
 def test_encoding_is_case_insensitive():
