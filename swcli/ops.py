@@ -1506,6 +1506,15 @@ class SoftSmithWaterman(nn.Module):
     def __init__(self, gap_open: float = -1.0, temperature: float = 1.0, backend: str = "auto", *,
                  gap_extend: float | None = None, learnable: bool | tuple[str, ...] = False):
         super().__init__()
+        # Checked now, under the module's own names, rather than at the first forward.
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if gap_extend is None:
+            _check_parameter("gap_open", gap_open, tensors=True)
+        else:
+            _check_gaps(None, gap_open, gap_extend, tensors=True)
+        if not isinstance(_check_parameter("temperature", temperature, tensors=True), torch.Tensor) and temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is the exact hard maximum), got {temperature}")
         self.backend = backend
         names = _learnable_names(learnable, affine=gap_extend is not None)
         for name, value in (("gap_open", gap_open), ("gap_extend", gap_extend)):
@@ -1541,7 +1550,10 @@ class SoftSmithWaterman(nn.Module):
 
     def forward(self, score_matrix, query_lengths=None, target_lengths=None):
         if self.gap_extend is None:
-            return soft_smith_waterman(score_matrix, self.gap_open, self.temperature,
+            gap = self.gap_open
+            if not isinstance(gap, torch.Tensor) and not -math.inf < gap < math.inf:
+                _check_number("gap_open", gap)  # its error under the module's name (the op's says gap)
+            return soft_smith_waterman(score_matrix, gap, self.temperature,
                                        query_lengths, target_lengths, self.backend)
         return soft_smith_waterman(score_matrix, None, self.temperature, query_lengths, target_lengths, self.backend,
                                    gap_open=self.gap_open, gap_extend=self.gap_extend)

@@ -496,10 +496,20 @@ def test_bad_score_matrix_raises(S, message):
 
 
 def test_module_checks_too():
+    """At construction, under the module's own names (gap_open, not the op's gap); and a value set later,
+    at forward."""
     with pytest.raises(ValueError, match=r"temperature must be >= 0"):
-        swcli.SoftSmithWaterman(temperature=-1.0)(S_OK)
+        swcli.SoftSmithWaterman(temperature=-1.0)
     with pytest.raises(ValueError, match=r"unknown backend"):
-        swcli.SoftSmithWaterman(backend="tpu")(S_OK)
+        swcli.SoftSmithWaterman(backend="tpu")
+    with pytest.raises(ValueError, match=r"^gap_open must be a finite number, got nan$"):
+        swcli.SoftSmithWaterman(gap_open=float("nan"))
+    with pytest.raises(ValueError, match=r"^temperature must be a finite number, got 'x'$"):
+        swcli.SoftSmithWaterman(temperature="x")
+    module = swcli.SoftSmithWaterman()
+    module.gap_open = float("inf")
+    with pytest.raises(ValueError, match=r"^gap_open must be a finite number, got inf$"):
+        module(S_OK)
 
 
 def test_good_numbers_of_other_types_are_accepted():

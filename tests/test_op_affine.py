@@ -676,9 +676,11 @@ def test_bad_gaps_raise(kwargs, message):
 
 def test_module_checks_the_gaps():
     with pytest.raises(ValueError, match=r"gap_open must be <= gap_extend"):
-        swcli.SoftSmithWaterman(gap_open=-1.0, gap_extend=-2.0)(S_OK)
+        swcli.SoftSmithWaterman(gap_open=-1.0, gap_extend=-2.0)
     with pytest.raises(ValueError, match=r"gap_extend must be <= 0"):
-        swcli.SoftSmithWaterman(gap_open=-1.0, gap_extend=1.0)(S_OK)
+        swcli.SoftSmithWaterman(gap_open=-1.0, gap_extend=1.0)
+    with pytest.raises(ValueError, match=r"^gap_extend must be a finite number, got nan$"):
+        swcli.SoftSmithWaterman(gap_open=-1.0, gap_extend=float("nan"))
 
 
 def test_good_numbers_of_other_types_are_accepted():
