@@ -224,6 +224,11 @@ def fit_gumbel(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: np
     return lam, math.exp(profile(lam)[1])
 
 
+class StatisticsUndefined(SwcliError):
+    """Karlin-Altschul statistics do not hold for the setting (check_local): kept in the cache too, so
+    that the next run says so at once instead of estimating again."""
+
+
 def check_local(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: np.ndarray, lam: float, k: float,
                 what: str) -> None:
     """Refuse a fit that does not describe the scores: in the shortest and in the longest fifth of the
@@ -236,7 +241,7 @@ def check_local(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: n
     fifth = max(1, len(order) // 5)
     shortest, longest = order[:fifth], order[-fifth:]
     if max(abs(residual[shortest].mean()), abs(residual[longest].mean())) > 0.5:
-        raise SwcliError(
+        raise StatisticsUndefined(
             f"E-values are not defined for {what}: the best scores of unrelated random sequences grow with their "
             f"length itself (mean {scores[shortest].mean():.1f} for the shortest fifth of the random pairs, "
             f"{scores[longest].mean():.1f} for the longest), not its logarithm, so Karlin-Altschul statistics do "
@@ -356,17 +361,42 @@ def parameters(settings, lambda_: float | None = None, k: float | None = None, c
     if lambda_ is not None and k is not None:
         return KarlinAltschul(lambda_, k, "given", alpha, beta)
     path = cache_path(settings, count, lengths, seed)
-    try:
-        saved = json.loads(path.read_text())
-        correction = [None if saved[name] is None else float(saved[name]) for name in ("alpha", "beta")]
-        return KarlinAltschul(float(saved["lambda_"]), float(saved["k"]), saved["source"] + ", cached", *correction)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or unreadable: estimate again
+    cached = _cached(path)
+    if isinstance(cached, StatisticsUndefined):
+        raise cached
+    if cached is not None:
+        return cached
     print(f"swcli: estimating Karlin-Altschul lambda and K for {setting_name(settings)} from {count:,} random "
           f"pairs (once per setting; cached in {path.parent})", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    found = estimate(settings, count, lengths, seed)
-    record = {**asdict(found), "setting": setting_name(settings), "seconds": round(time.perf_counter() - started, 2)}
+    try:
+        found = estimate(settings, count, lengths, seed)
+    except StatisticsUndefined as exc:
+        _cache(path, {"undefined": str(exc), "setting": setting_name(settings)})
+        raise
+    _cache(path, {**asdict(found), "setting": setting_name(settings),
+                  "seconds": round(time.perf_counter() - started, 2)})
+    return found
+
+
+def _cached(path) -> KarlinAltschul | StatisticsUndefined | None:
+    """The cache's entry: its lambda and K, or the refusal it keeps; None where there is none yet, or it is
+    unreadable or out of range (then estimated again)."""
+    try:
+        saved = json.loads(path.read_text())
+        if isinstance(saved.get("undefined"), str):
+            return StatisticsUndefined(saved["undefined"])
+        lam, k = float(saved["lambda_"]), float(saved["k"])
+        correction = [None if saved[name] is None else float(saved[name]) for name in ("alpha", "beta")]
+        if not (0 < lam < math.inf and 0 < k < math.inf
+                and all(c is None or -math.inf < c < math.inf for c in correction)):
+            return None
+        return KarlinAltschul(lam, k, str(saved["source"]) + ", cached", *correction)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _cache(path, record: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}")
@@ -375,4 +405,3 @@ def parameters(settings, lambda_: float | None = None, k: float | None = None, c
     except OSError as exc:
         print(f"swcli: could not cache the estimate in {path.parent} ({exc.strerror}); it is used for this run",
               file=sys.stderr, flush=True)
-    return found

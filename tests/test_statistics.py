@@ -4,6 +4,7 @@ docs/benchmarks/statistics.md; these are the cheap checks."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -132,6 +133,21 @@ def test_estimates_are_cached_per_setting(tmp_path, monkeypatch, capsys):
     assert (given.alpha, given.beta) == (1.9, -30.0) and "alpha 1.9, beta -30" in given.describe()
 
 
+@pytest.mark.parametrize("saved", [{"lambda_": -1, "k": -1}, {"lambda_": 0.3, "k": float("inf")},
+                                   {"lambda_": 0.3, "k": 0.04, "alpha": float("nan"), "beta": 1.0}, {"k": 0.04},
+                                   [1, 2], {"lambda_": "x", "k": 0.04}])
+def test_a_damaged_cache_entry_is_estimated_again(tmp_path, monkeypatch, capsys, saved):
+    path = tmp_path / "0.0.json"
+    monkeypatch.setattr(statistics, "cache_path", lambda s, *rest: path)
+    if isinstance(saved, dict):
+        saved = {"alpha": None, "beta": None, "source": "estimated", **saved}
+    path.write_text(json.dumps(saved))
+    affine = settings(gap=None, gap_open=-12.0, gap_extend=-1.0, temperature=0.0)
+    found = statistics.parameters(affine, count=300)
+    assert "estimating Karlin-Altschul lambda and K" in capsys.readouterr().err
+    assert found.lambda_ > 0 and found.k > 0 and json.loads(path.read_text())["lambda_"] == found.lambda_
+
+
 def test_cli_refuses_evalues_where_they_do_not_hold(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(statistics, "cache_path", lambda s, *rest: tmp_path / "cache.json")
     monkeypatch.setattr(statistics, "ESTIMATION_PAIRS", 400)
@@ -140,6 +156,11 @@ def test_cli_refuses_evalues_where_they_do_not_hold(tmp_path, monkeypatch, capsy
     code, stdout, err = cli(["align", fasta, "--gap", "-4", "--format-output", "query,evalue", "-o", str(out),
                              "--backend", "cpu"], capsys)
     assert code == 1 and "E-values are not defined" in err and not out.exists()
+    assert "estimating" in err
+    # the refusal is cached too: the next run says it at once, without estimating again
+    code, stdout, again = cli(["align", fasta, "--gap", "-4", "--format-output", "query,evalue", "-o", str(out),
+                               "--backend", "cpu"], capsys)
+    assert code == 1 and "estimating" not in again and again.splitlines()[-1] == err.splitlines()[-1]
     code, stdout, err = cli(["align", fasta, "--gap", "-4", "--format-output", "query,evalue", "--lambda", "0.2",
                              "--k", "0.01", "--backend", "cpu"], capsys)
     assert code == 0 and "lambda 0.2, K 0.01, no length correction (given)" in err
