@@ -81,8 +81,8 @@ GapExtendOpt = Annotated[Optional[float], typer.Option(
     help="Affine gaps: the SCORE of each further gap position: Biopython's extend_gap_score. Alone, --gap-open "
          "adds BLAST's default existence cost for the matrix to it (BLOSUM62: 11, so --gap-extend -2 is "
          "--gap-open -13 --gap-extend -2, BLAST's -gapextend 2).")]
-TemperatureOpt = Annotated[float, typer.Option(
-    "--temperature", "-t", min=0.0, help="Softness of the max; 0 is exact (hard) Smith-Waterman.")]
+TemperatureOpt = Annotated[float, typer.Option(  # its range: check_temperature, which names NaN too
+    "--temperature", "-t", help="Softness of the max; 0 is exact (hard) Smith-Waterman.")]
 BackendOpt = Annotated[Backend, typer.Option(
     "--backend", help="auto: the GPU when torch sees one, else the CPU. "
                       "reference: the Python loop (slow; for validation).")]
@@ -194,11 +194,22 @@ def _settings(matrix: str, unknown_as: Optional[str], gap: Optional[float], temp
     # BLAST's defaults are those of its named matrices: a matrix file has none, whatever its name.
     gaps = resolve_gaps(gap, gap_open, gap_extend, None if Path(matrix).is_file() else substitution.name)
     if unknown_as is not None:
-        substitution = substitution.with_unknown_as(unknown_as)
+        substitution = _with_unknown_as(substitution, unknown_as)
     resolved = _resolve_backend(backend)
     prepare_backend(resolved)
     return Settings(substitution, gaps.gap, temperature, resolved, gap_open=gaps.gap_open,
                     gap_extend=gaps.gap_extend, **extra)
+
+
+def _with_unknown_as(substitution, letter: str):
+    """--unknown-as applied; a letter the matrix lacks is a bad option value: a usage error (exit 2)."""
+    from swcli.errors import MatrixError
+    from swcli.scoring import _usage_error
+
+    try:
+        return substitution.with_unknown_as(letter)
+    except MatrixError as exc:
+        raise _usage_error(str(exc)) from None
 
 
 def _columns(format_output: str, lambda_: Optional[float], k: Optional[float], alpha: Optional[float] = None,
@@ -541,7 +552,7 @@ def makedb(
 
     substitution = load_matrix(matrix)
     if unknown_as is not None:
-        substitution = substitution.with_unknown_as(unknown_as)
+        substitution = _with_unknown_as(substitution, unknown_as)
     _host.load()
     db = database.build_from_blocks(read_blocks(fasta_path), substitution, display_name(fasta_path))
     interrupt.check()

@@ -39,6 +39,7 @@ class Database:
     ids: list[str]  # in database order
     alphabet: str  # the alphabet the codes index (the matrix's)
     source: str  # what it was built from, for messages
+    matrix: str = ""  # the name of the matrix it was encoded for (older folders: unknown)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -73,9 +74,11 @@ class Database:
     def check_alphabet(self, matrix: SubstitutionMatrix) -> None:
         """The codes index the matrix only if they were made with its alphabet."""
         if matrix.alphabet != self.alphabet:
+            made = f" (the matrix {self.matrix})" if self.matrix else ""
+            search = f"search it with --matrix {self.matrix}, or " if self.matrix else ""
             raise DatabaseError(
-                f"{self.source}: encoded for the alphabet {self.alphabet}, but the matrix {matrix.name} has "
-                f"{matrix.alphabet}; prepare it again with this matrix (swcli makedb --matrix {matrix.name})"
+                f"{self.source}: encoded for the alphabet {self.alphabet}{made}, but the matrix {matrix.name} has "
+                f"{matrix.alphabet}; {search}prepare it again with this matrix (swcli makedb --matrix {matrix.name})"
             )
 
 
@@ -96,7 +99,7 @@ def build_from_blocks(blocks: Iterable[Records], matrix: SubstitutionMatrix, sou
     ordered = gather_ranges(codes, records.offsets[:-1][index], lengths[index])
     id_bytes, bounds = records.ids.tobytes(), records.id_offsets.tolist()
     ids = [id_bytes[a:b].decode() for a, b in zip(bounds, bounds[1:])]
-    return Database(ordered, offsets, index.astype(np.int64), ids, matrix.alphabet, source)
+    return Database(ordered, offsets, index.astype(np.int64), ids, matrix.alphabet, source, matrix.name)
 
 
 def save(database: Database, folder: str | Path) -> None:
@@ -113,8 +116,8 @@ def save(database: Database, folder: str | Path) -> None:
         database.offsets.astype("<i8").tofile(staging / "offsets.i64")
         database.index.astype("<i8").tofile(staging / "index.i64")
         (staging / "ids.txt").write_text("".join(f"{i}\n" for i in database.ids), encoding="utf-8")
-        meta = {"format": FORMAT, "alphabet": database.alphabet, "sequences": len(database),
-                "residues": database.residues, "source": database.source}
+        meta = {"format": FORMAT, "alphabet": database.alphabet, "matrix": database.matrix,
+                "sequences": len(database), "residues": database.residues, "source": database.source}
         (staging / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         os.chmod(staging, 0o755)
         os.rename(staging, folder)
@@ -164,7 +167,7 @@ def load(folder: str | Path) -> Database:
         at = int(np.flatnonzero(np.asarray(codes) >= len(alphabet))[0])
         raise DatabaseError(f"{folder}/codes.u8: byte {at} is code {int(codes[at])}, past the {len(alphabet)} "
                             "letters of its alphabet; prepare it again")
-    return Database(codes, offsets, index, ids, alphabet, str(folder))
+    return Database(codes, offsets, index, ids, alphabet, str(folder), str(meta.get("matrix") or ""))
 
 
 def _array(path: Path, dtype, size: int) -> np.ndarray:

@@ -173,6 +173,8 @@ class TsvWriter:
             self.mode, self._handle = "stdout", getattr(sys.stdout, "buffer", None) or _TextSink(sys.stdout)
             return self
         given = self.path
+        if self._given == "":
+            raise SwcliError("-o is an empty path: give it a file name, or - for stdout")
         if self._given.endswith(("/", os.sep)) and not os.path.isdir(given):
             raise SwcliError(f"{self._given}: not a directory; give -o a file name")
         target = os.path.realpath(given)  # a symlink is written through, to its final target

@@ -20,6 +20,7 @@ scored.
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -31,7 +32,7 @@ import torch
 
 from swcli import interrupt
 from swcli.database import Database
-from swcli.errors import SwcliError
+from swcli.errors import DatabaseError, SwcliError
 from swcli.ops import load_engine, score_checked_codes
 
 # Padded target cells per block, per query residue: 64 MiB of codes. Fewer, larger blocks than 2^24 score
@@ -683,6 +684,9 @@ def open_database(path: str, matrix) -> Database:
         db = database.load(path)
         db.check_alphabet(matrix)
         return db
+    if os.path.isdir(path):
+        raise DatabaseError(f"{path}: a folder, but not a swcli database (no meta.json): give a FASTA file, or a "
+                            "folder made by swcli makedb")
     return database.build_from_blocks(read_blocks(path), matrix, display_name(path))
 
 

@@ -244,6 +244,19 @@ def test_broken_pipe_is_quiet(tmp_path):
     assert result.stderr == ""
 
 
+@pytest.mark.parametrize("options, code, message", [
+    (["-t", "nan"], 2, "Invalid value for '--temperature': nan is not a finite number >= 0"),
+    (["-t", "-1"], 2, "Invalid value for '--temperature': -1.0 is not a finite number >= 0"),
+    (["--unknown-as", "J"], 2, "--unknown-as 'J' must be one letter of the BLOSUM62 alphabet"),
+    (["--unknown-as", "XX"], 2, "--unknown-as 'XX' must be one letter"),
+    (["-o", ""], 1, "-o is an empty path: give it a file name, or - for stdout"),
+])
+def test_bad_option_values_say_what_is_wrong(tmp_path, capsys, options, code, message):
+    path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAWY"), ("b", "MKVLAWF")])
+    got, out, err = run(["align", path, *options], capsys)
+    assert got == code and out == "" and message in err and err.count("\n") == 1
+
+
 def test_verify_into_a_closed_pipe_exits_141_quietly(tmp_path):
     path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAWY"), ("b", "MKVLAWF")])
     result = subprocess.run(f"{sys.executable} -m swcli verify {path} --backend cpu | true; "

@@ -139,5 +139,18 @@ def test_damaged_folders_are_refused(tmp_path, damage, message):
 def test_alphabet_of_another_matrix_is_refused():
     db = database.build(records(3, seed=6), BLOSUM62, "db.fa")
     db.check_alphabet(load_matrix("BLOSUM45"))  # the same alphabet
-    with pytest.raises(DatabaseError, match="encoded for the alphabet"):
+    with pytest.raises(DatabaseError, match=r"\(the matrix BLOSUM62\), but the matrix NUC\.4\.4 has .*; search it "
+                                            r"with --matrix BLOSUM62, or prepare it again"):
         db.check_alphabet(load_matrix("NUC.4.4"))
+
+
+def test_the_matrix_is_kept_with_the_folder_and_older_folders_still_load(tmp_path):
+    database.save(database.build(records(3, seed=7), BLOSUM62, "db.fa"), tmp_path / "db")
+    assert database.load(tmp_path / "db").matrix == "BLOSUM62"
+    meta = json.loads((tmp_path / "db" / "meta.json").read_text())
+    del meta["matrix"]  # as makedb wrote it before it kept the matrix's name
+    (tmp_path / "db" / "meta.json").write_text(json.dumps(meta))
+    older = database.load(tmp_path / "db")
+    assert older.matrix == "" and len(older) == 3
+    with pytest.raises(DatabaseError, match=r"encoded for the alphabet \S+, but the matrix NUC\.4\.4 has .*; prepare"):
+        older.check_alphabet(load_matrix("NUC.4.4"))

@@ -434,6 +434,16 @@ def test_makedb_refuses_an_existing_folder_and_search_another_alphabet(search_fi
     code, out, err = cli(["search", q, str(tmp_path / "prepared"), "-m", "NUC.4.4", "--unknown-as", "N",
                           "-o", str(out_path)], capsys)
     assert code == 1 and "encoded for the alphabet" in err and not out_path.exists()
+    assert "search it with --matrix BLOSUM62" in err
+
+
+def test_a_folder_that_is_not_a_database_is_named_as_such(search_files, tmp_path, capsys):
+    q, _ = search_files
+    (tmp_path / "empty").mkdir()
+    code, out, err = cli(["search", q, str(tmp_path / "empty")], capsys)
+    assert code == 1 and out == ""
+    assert err == (f"swcli: error: {tmp_path / 'empty'}: a folder, but not a swcli database (no meta.json): give a "
+                   "FASTA file, or a folder made by swcli makedb\n")
 
 
 def test_search_bad_query_letter_is_refused_before_output(search_files, tmp_path, capsys):
