@@ -543,6 +543,7 @@ def makedb(
         metavar="FOLDER", help="The new folder to write (an existing path is refused).", show_default=False)],
     matrix: MatrixOpt = "BLOSUM62",
     unknown_as: UnknownOpt = None,
+    quiet: QuietOpt = False,
 ):
     """Prepare a database for swcli search: encoded once, ordered by length, memory-mapped on later runs."""
     from swcli import database
@@ -554,7 +555,20 @@ def makedb(
     if unknown_as is not None:
         substitution = _with_unknown_as(substitution, unknown_as)
     _host.load()
-    db = database.build_from_blocks(read_blocks(fasta_path), substitution, display_name(fasta_path))
+    # The reading is most of the time: a bar over the file's bytes (records where it is stdin or a pipe).
+    measure = InputBytes.of([fasta_path]) if _progress_shown(quiet) else None
+    if measure is not None:
+        bar = _progress_bar(quiet, "B", measure.total, unit_scale=True, unit_divisor=1024)
+    else:
+        bar = _progress_bar(quiet, "seq")
+
+    def counted(blocks):
+        for block in blocks:
+            bar.update(measure.done() - bar.n if measure is not None else len(block))
+            yield block
+
+    with bar:
+        db = database.build_from_blocks(counted(read_blocks(fasta_path)), substitution, display_name(fasta_path))
     interrupt.check()
     database.save(db, folder)
     typer.echo(f"{folder}: {len(db):,} sequences, {db.residues:,} residues", err=True)

@@ -437,6 +437,19 @@ def test_makedb_refuses_an_existing_folder_and_search_another_alphabet(search_fi
     assert "search it with --matrix BLOSUM62" in err
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+def test_makedb_shows_its_reading_as_a_bar_of_bytes(search_files, tmp_path, capsys, monkeypatch, quiet):
+    import swcli.commands
+
+    monkeypatch.setattr(swcli.commands, "_progress_shown", lambda q: not q)  # as on a terminal
+    _, db = search_files
+    code, out, err = cli(["makedb", db, str(tmp_path / "db"), *(["-q"] if quiet else [])], capsys)
+    assert code == 0 and out == "" and database.load(tmp_path / "db").residues > 0
+    lines = err.replace("\r", "\n").splitlines()
+    assert lines[-1].startswith(f"{tmp_path / 'db'}: ")
+    assert quiet == (len(lines) == 1) and (quiet or any(line.startswith("100%") for line in lines))
+
+
 def test_a_folder_that_is_not_a_database_is_named_as_such(search_files, tmp_path, capsys):
     q, _ = search_files
     (tmp_path / "empty").mkdir()
