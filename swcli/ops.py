@@ -978,6 +978,8 @@ def _check_ranges(checks) -> None:
         for values, low, high, message in checks:
             torch._assert_async(((values >= low) & (values <= high)).all(), message(None, None))
         return
+    if _in_functorch():  # the tensors a vmap batches hold no data of their own: check all they wrap
+        checks = [(_unwrapped(values), *rest) for values, *rest in checks]
     checks = [check for check in checks if check[0].numel()]
     if not checks:
         return
@@ -986,6 +988,14 @@ def _check_ranges(checks) -> None:
         lowest, highest = extremes[2 * k], extremes[2 * k + 1]
         if lowest < low or highest > high:
             raise ValueError(message(lowest, highest))
+
+
+def _unwrapped(x: torch.Tensor) -> torch.Tensor:
+    """The plain tensor under torch.func's wrappers (vmap's batches, grad's tracking)."""
+    functorch = torch._C._functorch
+    while functorch.is_batchedtensor(x) or functorch.is_gradtrackingtensor(x):
+        x = functorch.get_unwrapped(x)
+    return x
 
 
 def _length_range(name: str, values: torch.Tensor, limit: int, dim: str):

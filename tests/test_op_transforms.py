@@ -125,6 +125,27 @@ def test_forward_mode_derivatives_are_a_clear_error(kind):
         torch.testing.assert_close(ssw(S, **gaps_of(kind)), ssw(S.clone(), **gaps_of(kind)))  # no tangent
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_vmap_over_batches_with_their_own_lengths(kind):
+    """A batch of batches of padded pairs comes with lengths of its own: they are checked (all the batches'
+    at once) and taken, scores and gradients as each batch alone gives them."""
+    S = random_scores((3, 4, 7, 6), seed=150)
+    qlen = torch.stack([random_lengths(4, 7, seed=151 + v) for v in range(3)])
+    f = lambda S, q: ssw(S, temperature=0.7, query_lengths=q, **gaps_of(kind))  # noqa: E731
+    out = torch.vmap(f)(S, qlen)
+    grad = torch.func.grad(lambda S: torch.vmap(f)(S, qlen).sum())(S)
+    for v in range(3):
+        Sv = S[v].clone().requires_grad_()
+        expected = f(Sv, qlen[v])
+        torch.testing.assert_close(out[v], expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(grad[v], torch.autograd.grad(expected.sum(), Sv)[0], rtol=0, atol=1e-12)
+    bad = qlen.clone()
+    bad[2, 1] = 8
+    with pytest.raises(ValueError, match=r"query_lengths must lie in \[0, 7\] \(M of the score matrix\), got min 0, "
+                                         r"max 8"):
+        torch.vmap(f)(S, bad)
+
+
 def test_vmap_over_per_pair_gaps():
     S, qlen, tlen = batch(140)
     gaps = torch.tensor([[-1.0], [-2.0], [-0.5]], dtype=torch.float64).expand(3, 4)
