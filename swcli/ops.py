@@ -974,7 +974,8 @@ def _check_ranges(checks) -> None:
     device in one round trip, since each read waits for the device. A graph being compiled cannot read
     the device: there each check is queued on it (torch._assert_async), and a failure stops the graph's
     run with the message."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # (an empty check holds: no filter to trace)
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing()  # (an empty check holds: no filter to trace)
+            or any(_holds_no_data(values) for values, *_ in checks)):
         for values, low, high, message in checks:
             torch._assert_async(((values >= low) & (values <= high)).all(), message(None, None))
         return
@@ -988,6 +989,13 @@ def _check_ranges(checks) -> None:
         lowest, highest = extremes[2 * k], extremes[2 * k + 1]
         if lowest < low or highest > high:
             raise ValueError(message(lowest, highest))
+
+
+def _holds_no_data(x: torch.Tensor) -> bool:
+    """A meta or fake tensor: shapes alone, so its checks are queued as a graph's are."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return x.is_meta or is_fake(x)
 
 
 def _unwrapped(x: torch.Tensor) -> torch.Tensor:

@@ -268,6 +268,19 @@ def test_meta_tensors_with_tensor_parameters_and_gradients():
     gap = torch.empty((), device="meta", requires_grad=True)
     scores, posterior = ssw(S, gap, torch.empty(6, device="meta"), return_posterior=True)
     assert scores.shape == (6,) and posterior.shape == (6, 30, 40)
+    # with lengths (on the CPU or meta too): their checks are queued, as in a compiled graph
+    lengths = torch.tensor([1, 2, 3, 4, 5, 6])
+    assert ssw(S, -1.0, 1.0, lengths, lengths.to("meta")).shape == (6,)
+    assert ssw(S, gap_open=-2.0, gap_extend=-1.0, query_lengths=lengths).shape == (6,)
+
+
+def test_fake_tensors_with_lengths():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        S, lengths = torch.empty(6, 30, 40), torch.tensor([1, 2, 3, 4, 5, 6])
+        assert ssw(S, -1.0, 1.0, lengths).shape == (6,)
+        assert ssw(S, gap_open=-2.0, gap_extend=-1.0, target_lengths=lengths).shape == (6,)
 
 
 # --------------------------------------------------------------------------------------------------
