@@ -965,7 +965,15 @@ def _check_lengths(name: str, lengths, size: int, device) -> torch.Tensor | None
         raise ValueError(f"{name} must hold integers, got dtype {lengths.dtype}")
     if lengths.shape != (size,):
         raise ValueError(f"{name} must have shape ({size},), one length per pair, got {tuple(lengths.shape)}")
+    _check_movable(name, lengths, device)
     return lengths.to(device=device, dtype=torch.int64).contiguous()
+
+
+def _check_movable(name: str, tensor: torch.Tensor, device) -> None:
+    """A tensor is moved to the score matrix's device, but for a meta tensor (no values to move) where the
+    score matrix has values."""
+    if tensor.is_meta and torch.device(device).type != "meta":
+        raise ValueError(f"{name} is a meta tensor (shapes alone, no values), but the score matrix is on {device}")
 
 
 def _check_ranges(checks) -> None:
@@ -1329,6 +1337,7 @@ def _per_pair_values(S, gaps, temperature):
                              f"got shape {tuple(value.shape)}")
         if value.dtype == torch.bool or value.dtype.is_complex:
             raise ValueError(f"{name} must hold real numbers, got dtype {value.dtype}")
+        _check_movable(name, value, S.device)
         values.append(value.to(device=S.device, dtype=S.dtype).expand(B))
         known.append(None)
     return values, known

@@ -473,6 +473,10 @@ S_OK = torch.zeros(3, 5, 6)
     ({"query_lengths": torch.tensor([1.0, 2.0, 3.0])}, r"query_lengths must hold integers"),
     ({"target_lengths": [1.5, 2.0, 3.0]}, r"target_lengths must hold integers"),
     ({"query_lengths": torch.tensor([True, False, True])}, r"query_lengths must hold integers"),
+    ({"query_lengths": torch.tensor([1, 2, 3], device="meta")},
+     r"query_lengths is a meta tensor \(shapes alone, no values\), but the score matrix is on cpu"),
+    ({"gap": torch.tensor(-1.0, device="meta")}, r"gap is a meta tensor"),
+    ({"temperature": torch.ones(3, device="meta")}, r"temperature is a meta tensor"),
 ], ids=lambda x: repr(x)[:40] if isinstance(x, dict) else None)
 def test_bad_arguments_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
