@@ -103,7 +103,7 @@ ROWS = [
         "j.fa: record 2 (b): invalid letter 'J' at position 3 (not in the BLOSUM62 alphabet"),
     Row("unknown letter with --unknown-as X (good)", {"j.fa": fasta(("a", "MK"), ("b", "MKJV"))},
         ["align", "j.fa", "--unknown-as", "X"], 0, None),
-    Row("--unknown-as outside the alphabet", {"good.fa": GOOD}, ["align", "good.fa", "--unknown-as", "J"], 1,
+    Row("--unknown-as outside the alphabet", {"good.fa": GOOD}, ["align", "good.fa", "--unknown-as", "J"], 2,
         "--unknown-as 'J' must be one letter of the BLOSUM62 alphabet"),
     Row("unknown letter after output started", {"late.fa": fasta(*[(f"r{k}", "MKVLA") for k in range(9)],
                                                                  ("bad", "MKV1"), ("r9", "MK"))},
@@ -111,7 +111,8 @@ ROWS = [
     Row("unknown matrix name", {"good.fa": GOOD}, ["align", "good.fa", "-m", "BLOSUM99"], 1,
         "unknown matrix 'BLOSUM99': not a file, and not one of Biopython's: "),
     Row("unreadable matrix file", {"good.fa": GOOD, "junk.mat": b"this is not a matrix\n1 2 3\n"},
-        ["align", "good.fa", "-m", "junk.mat"], 1, "junk.mat: cannot read a substitution matrix"),
+        ["align", "good.fa", "-m", "junk.mat"], 1,
+        "junk.mat: line 1: the header should be distinct letters, one a column, got 'this is not a matrix'"),
     Row("NaN in a matrix file", {"good.fa": GOOD, "nan.mat": b"   M  K  V  W\nM 1 0 0 0\nK 0 1 nan 0\n"
                                                             b"V 0 0 1 0\nW 0 0 0 1\n"},
         ["align", "good.fa", "-m", "nan.mat"], 1, "nan.mat: the score of row K, column V is nan"),
