@@ -1,6 +1,6 @@
-"""torch's transforms of the op: torch.func (grad, jacrev, vmap), torch.compile, torch.export, meta
-tensors, torch.jit.trace and torch.jit.script, double backward. Each works, with the eager op's results,
-or raises the documented error."""
+"""torch's transforms of the op: torch.func (grad, jacrev, vmap), torch.compile, torch.export, meta and
+fake tensors, torch.jit.trace and torch.jit.script, double backward and forward mode. Each works, with the
+eager op's results, or raises the documented error."""
 
 from __future__ import annotations
 
