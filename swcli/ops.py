@@ -1000,10 +1000,15 @@ def _check_ranges(checks) -> None:
 
 
 def _holds_no_data(x: torch.Tensor) -> bool:
-    """A meta or fake tensor: shapes alone, so its checks are queued as a graph's are."""
+    """A meta or fake tensor: shapes alone, so its checks are queued as a graph's are. (A plain tensor, the
+    common case, is told by its type alone: a fake one is a subclass.)"""
+    if x.is_meta:
+        return True
+    if type(x) is torch.Tensor:
+        return False
     from torch._subclasses.fake_tensor import is_fake
 
-    return x.is_meta or is_fake(x)
+    return is_fake(x)
 
 
 def _unwrapped(x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ or NaN, without an error.
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from collections.abc import Callable
@@ -210,10 +211,11 @@ class SubstitutionMatrix:
         return SubstitutionMatrix(self.name, self.alphabet, self.scores, table, letter)
 
 
-def _check_matrix_file(path: Path, where: str) -> None:
-    """The layout Biopython's reader expects, which it does not check itself (it takes a short row's
-    missing scores as 0, a missing row as zeros): '#' comment lines, a header of one letter a column, then
-    one row a letter, in the header's order, each its letter and a number a column."""
+def _checked_matrix_text(path: Path, where: str) -> str:
+    """The file's text, checked for the layout Biopython's reader expects, which it does not check itself
+    (it takes a short row's missing scores as 0, a missing row as zeros): '#' comment lines, a header of
+    one letter a column, then one row a letter, in the header's order, each its letter and a number a
+    column."""
     try:
         text = path.read_bytes().decode("ascii")
     except UnicodeDecodeError as exc:
@@ -252,6 +254,7 @@ def _check_matrix_file(path: Path, where: str) -> None:
             except ValueError:
                 raise MatrixError(f"{where}: line {line}: the score of row {letter!r}, column {column!r} is "
                                   f"{word!r}, not a number") from None
+    return text
 
 
 def _from_biopython(name: str, array, where: str | None = None) -> SubstitutionMatrix:
@@ -288,10 +291,9 @@ def load_matrix(spec: str) -> SubstitutionMatrix:
 
     path = Path(spec)
     if path.is_file():
-        _check_matrix_file(path, spec)
+        text = _checked_matrix_text(path, spec)
         try:
-            with open(path) as handle:
-                array = substitution_matrices.read(handle)
+            array = substitution_matrices.read(io.StringIO(text))  # the text checked, not the file read again
         except Exception as exc:  # Biopython raises assorted errors (even AssertionError) on bad files
             raise MatrixError(f"{spec}: cannot read a substitution matrix from this file ({exc!r})") from exc
         return _from_biopython(path.name, array, where=spec)
