@@ -55,6 +55,7 @@ With gap_open == gap_extend == g the affine op computes the linear recurrence wi
 
 from __future__ import annotations
 
+import contextlib
 import math
 from numbers import Real
 
@@ -287,16 +288,58 @@ NO_FORWARD_MODE = (
 
 
 def _refuse_forward_mode(*tensors) -> None:
-    """NO_FORWARD_MODE where a forward-mode derivative is being taken: the operators have no formula for
-    one, and its tangent would otherwise come out as zero. (Nested with a reverse-mode one, as in hessian:
-    NOT_TWICE_DIFFERENTIABLE, which says more.)"""
-    _refuse_nested_differentiation()
-    if _in_functorch() and any(interpreter.key() == torch._C._functorch.TransformType.Jvp
-                               for interpreter in torch._C._functorch.get_interpreter_stack()):
+    """NO_FORWARD_MODE where an input carries a forward-mode tangent: the compiled engines' operators have
+    no formula for one, and the output's tangent would otherwise come out as zero; NOT_TWICE_DIFFERENTIABLE
+    where two torch.func transforms differentiate the inputs at once (grad of grad, hessian): the inner
+    gradient would be a constant to the outer one. The reference loop is plain torch operations and takes
+    every mode, so it is not refused."""
+    kinds = _differentiating_transforms(tensors)
+    if len(kinds) > 1:
+        raise RuntimeError(NOT_TWICE_DIFFERENTIABLE)
+    if kinds and kinds[0] == "forward" or _has_dual_tangent(tensors):
         raise RuntimeError(NO_FORWARD_MODE)
-    if forward_ad._current_level >= 0 and any(
-            isinstance(x, torch.Tensor) and forward_ad.unpack_dual(x).tangent is not None for x in tensors):
-        raise RuntimeError(NO_FORWARD_MODE)
+
+
+def _differentiating_transforms(tensors) -> list[str]:
+    """'forward' (jvp, jacfwd) or 'reverse' (grad, vjp, jacrev) for each torch.func transform level that
+    differentiates one of the tensors. A tensor is wrapped at the level of every transform it meets, even
+    one that does not differentiate it (a vmap inside a jvp wraps what it takes from outside), so the test
+    is its tangent or requires_grad at that level, which show only while that transform is the innermost:
+    the transforms inside it are set aside meanwhile."""
+    functorch = torch._C._functorch
+    if not _in_functorch():
+        return []
+    levels = {}
+    for x in tensors:
+        if not isinstance(x, torch.Tensor):
+            continue
+        with contextlib.ExitStack() as set_aside:
+            while functorch.is_functorch_wrapped_tensor(x):
+                level = functorch.maybe_get_level(x)
+                while functorch.peek_interpreter_stack().level() > level:
+                    set_aside.enter_context(torch._functorch.pyfunctorch.temporarily_pop_interpreter_stack())
+                key = functorch.peek_interpreter_stack().key()
+                if key == functorch.TransformType.Jvp and forward_ad.unpack_dual(x).tangent is not None:
+                    levels[level] = "forward"
+                elif key == functorch.TransformType.Grad and x.requires_grad:
+                    levels[level] = "reverse"
+                x = functorch.get_unwrapped(x)
+    return list(levels.values())
+
+
+def _has_dual_tangent(tensors) -> bool:
+    """Whether a tensor carries torch.autograd.forward_ad's tangent (on the tensor itself, under any
+    torch.func wrappers)."""
+    if forward_ad._current_level < 0:
+        return False
+    with torch._C._DisableFuncTorch():
+        for x in tensors:
+            if isinstance(x, torch.Tensor):
+                while torch._C._functorch.is_functorch_wrapped_tensor(x):
+                    x = torch._C._functorch.get_unwrapped(x)
+                if forward_ad.unpack_dual(x).tangent is not None:
+                    return True
+    return False
 
 
 def _once_differentiable(inputs, *grads):
@@ -306,7 +349,7 @@ def _once_differentiable(inputs, *grads):
     that require grad (and the incoming gradient) as its own, so that differentiating the gradients by
     any of them runs it; torch.autograd.function.once_differentiable's node hangs off new leaves, which
     autograd prunes. torch.func transforms allow no such node: nested ones are refused up front
-    (_refuse_nested_differentiation)."""
+    (_refuse_forward_mode)."""
     if not torch.is_grad_enabled() or _in_functorch():
         return grads
     present = [g for g in grads if g is not None]
@@ -316,17 +359,6 @@ def _once_differentiable(inputs, *grads):
     delayed = torch._C._functions.DelayedError(NOT_TWICE_DIFFERENTIABLE.encode(), len(present) + len(connected))
     aliased = iter(delayed(*[g.detach().requires_grad_() for g in present], *connected)[:len(present)])
     return tuple(None if g is None else next(aliased) for g in grads)
-
-
-def _refuse_nested_differentiation() -> None:
-    """NOT_TWICE_DIFFERENTIABLE where two differentiating torch.func transforms (grad, vjp, jacrev, jvp,
-    jacfwd, hessian) are active at once: the inner one's gradient would be a constant to the outer one."""
-    if not _in_functorch():
-        return
-    kinds = [interpreter.key() for interpreter in torch._C._functorch.get_interpreter_stack() or ()]
-    differentiating = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
-    if sum(kind in differentiating for kind in kinds) > 1:
-        raise RuntimeError(NOT_TWICE_DIFFERENTIABLE)
 
 
 def _gradient(ctx, grad_scores):
@@ -1237,7 +1269,8 @@ def soft_smith_waterman(
     temperature, backend, qlen, tlen = _check_arguments(
         temperature, backend, score_matrix, score_matrix.shape, query_lengths, target_lengths, tensors=True)
 
-    _refuse_forward_mode(score_matrix, gap, gap_open, gap_extend, temperature)
+    if backend != "reference":
+        _refuse_forward_mode(score_matrix, gap, gap_open, gap_extend, temperature)
     S = score_matrix
     if dtype is torch.float16 or dtype is torch.bfloat16:
         S = S.float()
@@ -1421,7 +1454,6 @@ def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_post
             return soft_smith_waterman_reference(S, gaps[0], temperature, qlen, tlen), None
         return soft_smith_waterman_affine_reference(S, *gaps, temperature, qlen, tlen), None
     _load_engine_for(S)
-    _refuse_nested_differentiation()
     values, known = _per_pair_values(S, gaps, temperature)
     differentiable = torch.is_grad_enabled() and (_needs_grad(S) or any(_needs_grad(v) for v in values))
     if differentiable and not return_posterior and _rows_per_pair_take(S, qlen is not None or tlen is not None,
@@ -1583,8 +1615,8 @@ class SoftSmithWaterman(nn.Module):
     def forward(self, score_matrix, query_lengths=None, target_lengths=None):
         if self.gap_extend is None:
             gap = self.gap_open
-            if not isinstance(gap, torch.Tensor) and not -math.inf < gap < math.inf:
-                _check_number("gap_open", gap)  # its error under the module's name (the op's says gap)
+            if not isinstance(gap, torch.Tensor):
+                gap = _check_number("gap_open", gap)  # its error under the module's name (the op's says gap)
             return soft_smith_waterman(score_matrix, gap, self.temperature,
                                        query_lengths, target_lengths, self.backend)
         return soft_smith_waterman(score_matrix, None, self.temperature, query_lengths, target_lengths, self.backend,

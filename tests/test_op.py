@@ -514,6 +514,11 @@ def test_module_checks_too():
     module.gap_open = float("inf")
     with pytest.raises(ValueError, match=r"^gap_open must be a finite number, got inf$"):
         module(S_OK)
+    module.gap_open = "-1"
+    with pytest.raises(ValueError, match=r"^gap_open must be a finite number, got '-1'$"):
+        module(S_OK)
+    module.gap_open = -2  # an int is a number: the op's scores with -2.0
+    torch.testing.assert_close(module(S_OK), swcli.soft_smith_waterman(S_OK, -2.0), rtol=0, atol=0)
 
 
 def test_good_numbers_of_other_types_are_accepted():

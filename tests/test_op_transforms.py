@@ -126,6 +126,45 @@ def test_forward_mode_derivatives_are_a_clear_error(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_forward_mode_over_other_inputs_runs(kind):
+    """A jvp (or a dual level) that differentiates something other than the op's inputs is no forward-mode
+    derivative of the op: it runs, a vmap inside the jvp included, and the tangent is the outside one's."""
+    S = random_scores((2, 4, 5), seed=138)
+    x, one = torch.tensor(2.0, dtype=S.dtype), torch.tensor(1.0, dtype=S.dtype)
+    scores = ssw(S, **gaps_of(kind))
+    _, tangent = torch.func.jvp(lambda x: x * ssw(S, **gaps_of(kind)), (x,), (one,))
+    torch.testing.assert_close(tangent, scores, rtol=0, atol=0)
+    _, tangent = torch.func.jvp(lambda x: x * torch.vmap(lambda s: ssw(s[None], **gaps_of(kind))[0])(S), (x,), (one,))
+    torch.testing.assert_close(tangent, scores, rtol=0, atol=1e-12)
+    with pytest.raises(RuntimeError, match="no forward-mode derivative"):
+        torch.func.jvp(lambda S: torch.vmap(lambda s: ssw(s[None], **gaps_of(kind)))(S), (S,), (S,))
+    leaf = S.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(ssw(leaf, **gaps_of(kind)).sum(), leaf)
+    _, tangent = torch.func.jvp(lambda x: x * torch.func.grad(lambda S: ssw(S, **gaps_of(kind)).sum())(S), (x,), (one,))
+    torch.testing.assert_close(tangent, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reference_backend_takes_forward_mode(kind):
+    """The reference loop is plain torch operations: jvp, jacfwd, forward_ad and hessian work on it, and
+    agree with its reverse mode."""
+    S = random_scores((2, 4, 5), seed=139)
+    f = lambda S: ssw(S, temperature=0.9, backend="reference", **gaps_of(kind))  # noqa: E731
+    jacobian = torch.func.jacrev(f)(S)
+    torch.testing.assert_close(torch.func.jacfwd(f)(S), jacobian, rtol=1e-10, atol=1e-12)
+    direction = random_scores((2, 4, 5), seed=140)
+    _, tangent = torch.func.jvp(f, (S,), (direction,))
+    torch.testing.assert_close(tangent, (jacobian * direction).sum((1, 2, 3)), rtol=1e-10, atol=1e-12)
+    from torch.autograd import forward_ad
+    with forward_ad.dual_level():
+        dual_tangent = forward_ad.unpack_dual(f(forward_ad.make_dual(S, direction))).tangent
+    torch.testing.assert_close(dual_tangent, tangent, rtol=1e-10, atol=1e-12)
+    hessian = torch.func.hessian(lambda S: f(S).sum())(S)
+    expected = torch.autograd.functional.hessian(lambda S: f(S).sum(), S)
+    torch.testing.assert_close(hessian, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_vmap_over_batches_with_their_own_lengths(kind):
     """A batch of batches of padded pairs comes with lengths of its own: they are checked (all the batches'
     at once) and taken, scores and gradients as each batch alone gives them."""
@@ -361,6 +400,13 @@ def test_nested_func_transforms_are_a_clear_error():
         torch.func.grad(lambda S: torch.func.grad(lambda S: ssw(S).sum())(S).sum())(S)
     with pytest.raises(RuntimeError, match="not differentiable"):
         torch.func.hessian(lambda g: ssw(S, g).sum())(torch.tensor(-1.0, dtype=torch.float64))
+    x = torch.tensor(2.0, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.func.grad(lambda x: torch.func.grad(lambda S: ssw(S * x).sum())(S).sum())(x)
+    # an outer grad that does not reach the op's inputs differentiates no gradient of it
+    inner = torch.func.grad(lambda S: ssw(S).sum())(S)
+    torch.testing.assert_close(torch.func.grad(lambda x: torch.func.grad(lambda S: ssw(S).sum())(S).sum() * x)(x),
+                               inner.sum(), rtol=0, atol=1e-12)
 
 
 def test_reference_backend_is_twice_differentiable():
