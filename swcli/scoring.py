@@ -211,38 +211,74 @@ class SubstitutionMatrix:
         return SubstitutionMatrix(self.name, self.alphabet, self.scores, table, letter)
 
 
+def _matrix_lines(text: str) -> list[str]:
+    """The lines as Biopython's reader has them from a file it opens: CR LF and a lone CR end a line as LF
+    does (universal newlines), and nothing else does (str.splitlines also splits at a form feed, which
+    str.split, the reader's, takes as whitespace inside a row)."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+def _line_number(before: str) -> int:
+    """The line, counted as _matrix_lines does, of the character that follows `before`."""
+    return before.replace("\r\n", "\n").replace("\r", "\n").count("\n") + 1
+
+
 def _checked_matrix_text(path: Path, where: str) -> str:
     """The file's text, checked for the layout Biopython's reader expects, which it does not check itself
-    (it takes a short row's missing scores as 0, a missing row as zeros): '#' comment lines, a header of
-    one letter a column, then one row a letter, in the header's order, each its letter and a number a
-    column."""
+    (it takes a short row's missing scores as 0, a missing row as zeros, and ignores lines past the last
+    row): '#' comment lines (any UTF-8 text), a header of one letter a column, then one row a letter, in
+    the header's order, each its letter and a number a column, then only blank or '#' comment lines.
+    Returned with LF line ends, so that the reader reads the lines checked here."""
     try:
-        text = path.read_bytes().decode("ascii")
-    except UnicodeDecodeError as exc:
-        raise MatrixError(f"{where}: not a text matrix file (byte {exc.start} is not ASCII)") from None
+        data = path.read_bytes()
     except OSError as exc:
         raise MatrixError(f"{where}: cannot read ({exc.strerror})") from None
-    control = re.search(r"[\x00-\x08\x0e-\x1f\x7f]", text)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = _line_number(data[:exc.start].decode("utf-8"))
+        raise MatrixError(f"{where}: line {line}: not a text matrix file (byte {exc.start}, "
+                          f"0x{data[exc.start]:02x}, is not UTF-8)") from None
+    # Even in comments: a control character that str.split does not take as whitespace (\t-\r, \x1c-\x1f).
+    control = re.search(r"[\x00-\x08\x0e-\x1b\x7f]", text)
     if control:
-        raise MatrixError(f"{where}: not a text matrix file (byte {control.start()} is a control character)")
-    lines = text.splitlines()
+        before = text[:control.start()]
+        raise MatrixError(f"{where}: line {_line_number(before)}: not a text matrix file (byte "
+                          f"{len(before.encode())} is a control character, {control.group()!r})")
+    lines = _matrix_lines(text)
     first = next((n for n, line in enumerate(lines) if not line.startswith("#")), len(lines))
-    body = [(n + 1, lines[n].split()) for n in range(first, len(lines))]
-    while body and not body[-1][1]:  # blank lines at the end
-        body.pop()
-    if not body:
+    header = lines[first].split() if first < len(lines) else []
+    hash_row = first + 1 + header.index("#") if "#" in header else None  # the row of a letter '#' is no comment
+
+    def comment(n: int) -> bool:
+        return lines[n].startswith("#") and n != hash_row
+
+    end = len(lines)
+    while end > first and (comment(end - 1) or not lines[end - 1].split()):  # blank and comment lines at the end
+        end -= 1
+    if end == first:
         raise MatrixError(f"{where}: no matrix in this file (a header of letters, then a row a letter)")
-    line, header = body[0]
+    for n in range(first, end):
+        if not comment(n) and not lines[n].isascii():
+            letter = next(c for c in lines[n] if not c.isascii())
+            raise MatrixError(f"{where}: line {n + 1}: non-ASCII character {letter!r} (letters and scores are "
+                              "ASCII; other text goes in '#' comment lines)")
     if not header or any(len(letter) != 1 for letter in header) or len(set(header)) != len(header):
-        raise MatrixError(f"{where}: line {line}: the header should be distinct letters, one a column, got "
+        raise MatrixError(f"{where}: line {first + 1}: the header should be distinct letters, one a column, got "
                           f"{' '.join(header)[:60]!r}")
-    blank = next((line for line, row in body if not row), None)
-    if blank is not None:
-        raise MatrixError(f"{where}: line {blank} is blank, inside the matrix")
-    if len(body) - 1 != len(header):
-        raise MatrixError(f"{where}: {len(header)} letters in the header (line {line}), but {len(body) - 1} rows")
-    for (line, row), letter in zip(body[1:], header):
-        if not row or row[0] != letter:
+    for n in range(first + 1, end):
+        if not lines[n].split():
+            raise MatrixError(f"{where}: line {n + 1} is blank, inside the matrix")
+        if comment(n):
+            raise MatrixError(f"{where}: line {n + 1}: a '#' comment line inside the matrix (comments go before "
+                              "the header or after the last row)")
+    if end - first - 1 != len(header):
+        raise MatrixError(f"{where}: {len(header)} letters in the header (line {first + 1}), but {end - first - 1} "
+                          "rows")
+    for n, letter in zip(range(first + 1, end), header):
+        line, row = n + 1, lines[n].split()
+        if row[0] != letter:
             raise MatrixError(f"{where}: line {line}: expected the row of {letter!r} (the header's order), got "
                               f"{' '.join(row)[:60]!r}")
         if len(row) != len(header) + 1:
@@ -254,7 +290,7 @@ def _checked_matrix_text(path: Path, where: str) -> str:
             except ValueError:
                 raise MatrixError(f"{where}: line {line}: the score of row {letter!r}, column {column!r} is "
                                   f"{word!r}, not a number") from None
-    return text
+    return "".join(line + "\n" for line in lines)
 
 
 def _from_biopython(name: str, array, where: str | None = None) -> SubstitutionMatrix:

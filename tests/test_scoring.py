@@ -48,7 +48,14 @@ def test_matrix_file(tmp_path):
     ("   A  A\nA  2 -1\nA -1  3\n", "line 1: the header should be distinct letters"),
     ("   A  C\nA  2 x\nC -1  3\n", "line 2: the score of row 'A', column 'C' is 'x', not a number"),
     ("   A  C\n\nA  2 -1\nC -1  3\n", "line 2 is blank, inside the matrix"),
-    ("\x00\x01\x02", "not a text matrix file (byte 0 is a control character)"),
+    ("\x00\x01\x02", "line 1: not a text matrix file (byte 0 is a control character, '\\x00')"),
+    ("# é\n   A  C\nA  2\x1b-1\nC -1  3\n", "line 3: not a text matrix file (byte 17 is a control character, "
+                                         "'\\x1b')"),
+    ("   A  C\nA  2 -1\n# a comment\nC -1  3\n", "line 3: a '#' comment line inside the matrix"),
+    ("   A  C  G\nA 2 -1 0\nC -1 3 0\n# the end\n", "3 letters in the header (line 1), but 2 rows"),
+    ("   A  C\nA  2 -1\nC -1  3\nG  1  1\n# the end\n", "2 letters in the header (line 1), but 3 rows"),
+    ("   A  C\nA  2 -1\nC -1  \u0663\n", "line 3: non-ASCII character '\u0663' (letters and scores are ASCII"),
+    ("   A  C\nA  2\u00a0-1\nC -1  3\n", "line 2: non-ASCII character '\\xa0'"),
 ])
 def test_malformed_matrix_files_are_refused_saying_where(tmp_path, text, message):
     path = tmp_path / "bad.mat"
@@ -57,6 +64,30 @@ def test_malformed_matrix_files_are_refused_saying_where(tmp_path, text, message
         load_matrix(str(path))
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value), info.value
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("text", [
+    "# by Zoë Müller, © 2024: UTF-8 in comments\n   A  C\nA  2 -1\nC -1  3\n",
+    "   A  C\nA  2 -1\nC -1  3\n# a comment after the rows\n\n# and another, ©\n",
+    "   A  C\nA  2\f-1\nC -1\v  3\n",  # a form feed or vertical tab is whitespace inside a row, no line end
+    "   A  C\rA  2 -1\rC -1  3\r",  # lone CRs end lines, as in a file Biopython opens
+    "   A  #\nA  2 -1\n# -1  3\n",  # the row of the letter '#', in its place, is no comment
+])
+def test_matrix_files_biopython_reads_load_with_its_scores(tmp_path, text):
+    path = tmp_path / "ok.mat"
+    path.write_bytes(text.encode())
+    bio = substitution_matrices.read(str(path))
+    matrix = load_matrix(str(path))
+    assert matrix.alphabet == bio.alphabet
+    assert matrix.scores == tuple(tuple(float(bio[a][b]) for b in bio.alphabet) for a in bio.alphabet)
+
+
+def test_a_matrix_file_not_in_utf8_is_refused_naming_the_byte_and_line(tmp_path):
+    path = tmp_path / "latin1.mat"
+    path.write_bytes("# by Zoë\n   A  C\nA  2 -1\nC -1  3\n".encode("latin-1"))
+    with pytest.raises(MatrixError) as info:
+        load_matrix(str(path))
+    assert str(info.value) == f"{path}: line 1: not a text matrix file (byte 7, 0xeb, is not UTF-8)"
 
 
 def test_matrix_files_in_lower_case_take_both_cases(tmp_path):
