@@ -124,15 +124,25 @@ class _TextSink:
 
 def refuse_output_over_inputs(output: str | None, inputs) -> None:
     """An output that is one of the run's inputs ((option, path) pairs), the same file through any link,
-    would replace it once written: refused before anything is read."""
+    would replace it once written: refused before anything is read.
+
+    Only a regular file or a block device keeps what is written over its content; a terminal, /dev/null,
+    a FIFO or a socket does not, so `-o /dev/stdout` with input from /dev/stdin on one terminal (one
+    character device) or one pipe destroys nothing and is allowed."""
     if output in (None, "-"):
+        return
+    try:
+        written = os.stat(output)
+    except OSError:  # does not exist (yet): no input can be it
+        return
+    if not (stat.S_ISREG(written.st_mode) or stat.S_ISBLK(written.st_mode)):
         return
     for name, path in inputs:
         if path in (None, "-"):
             continue
         try:
-            same = os.path.samefile(output, path)
-        except OSError:  # either does not exist (yet): not the same file
+            same = os.path.samestat(written, os.stat(path))
+        except OSError:  # a missing input is reported when it is read
             continue
         if same:
             raise SwcliError(f"{output}: -o is the same file as {name}; the output would replace it")

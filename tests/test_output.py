@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from swcli.errors import SwcliError
-from swcli.output import TsvWriter, format_score, temporary_name
+from swcli.output import TsvWriter, format_score, refuse_output_over_inputs, temporary_name
 
 
 def as_float32(x):
@@ -249,6 +249,51 @@ def test_a_character_device_is_written_directly(tmp_path):
         pytest.skip(f"cannot make or open a device node here ({exc})")
     write_one(node)
     assert stat.S_ISCHR(os.stat(node).st_mode) and os.listdir(tmp_path) == ["null"]
+
+
+def test_an_output_over_an_input_file_is_refused(tmp_path):
+    """The same regular file, by its name, a symlink or a hard link: refused, naming the input."""
+    fasta = tmp_path / "in.fa"
+    fasta.write_text(">a\nMKVL\n")
+    (tmp_path / "link.fa").symlink_to(fasta)
+    os.link(fasta, tmp_path / "hard.fa")
+    for output in (fasta, tmp_path / "link.fa", tmp_path / "hard.fa"):
+        with pytest.raises(SwcliError, match=f"^{output}: -o is the same file as TARGETS; the output would"):
+            refuse_output_over_inputs(str(output), (("QUERIES", "-"), ("TARGETS", str(fasta))))
+    refuse_output_over_inputs(str(tmp_path / "new.tsv"), (("QUERIES", str(fasta)),))  # not there yet
+    refuse_output_over_inputs(str(fasta), (("QUERIES", str(tmp_path / "missing.fa")), ("--matrix", None)))
+
+
+def test_an_output_that_cannot_replace_its_input_is_allowed(tmp_path):
+    """A character device (/dev/null, a terminal), a FIFO or a pipe given as both input and output:
+    writing it leaves nothing of the input to destroy."""
+    refuse_output_over_inputs("/dev/null", (("QUERIES", "/dev/null"),))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    refuse_output_over_inputs(str(fifo), (("QUERIES", str(fifo)),))
+    read_end, write_end = os.pipe()  # `swcli align /dev/stdin -o /dev/stdout` with both on one pipe
+    try:
+        if not os.path.exists(f"/dev/fd/{read_end}"):
+            pytest.skip("no /dev/fd here")
+        refuse_output_over_inputs(f"/dev/fd/{write_end}", (("QUERIES", f"/dev/fd/{read_end}"),))
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_an_output_over_an_input_block_device_is_refused(tmp_path, monkeypatch):
+    """A block device keeps what is written to it, as a regular file does (a disk given as both)."""
+    node = tmp_path / "disk"
+    node.write_text("")
+    real_stat = os.stat
+
+    def as_block_device(path, *args, **kwargs):
+        found = real_stat(path, *args, **kwargs)
+        return os.stat_result((stat.S_IFBLK | 0o660, *tuple(found)[1:]))
+
+    monkeypatch.setattr(os, "stat", as_block_device)
+    with pytest.raises(SwcliError, match="-o is the same file as DATABASE"):
+        refuse_output_over_inputs(str(node), (("DATABASE", str(node)),))
 
 
 def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
