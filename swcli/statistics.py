@@ -226,7 +226,21 @@ def fit_gumbel(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: np
 
 class StatisticsUndefined(SwcliError):
     """Karlin-Altschul statistics do not hold for the setting (check_local): kept in the cache too, so
-    that the next run says so at once instead of estimating again."""
+    that the next run says so at once instead of estimating again. The cache keeps the random pairs' mean
+    scores, not the message: one cache entry serves every name of the setting (a matrix under another
+    name, linear gaps given as affine ones), and the message names the setting as the current run gave it."""
+
+    @classmethod
+    def of(cls, what: str, shortest: float, longest: float) -> StatisticsUndefined:
+        """The refusal for the setting named `what`, whose shortest and longest fifths of the random pairs
+        have these mean scores."""
+        refusal = cls(
+            f"E-values are not defined for {what}: the best scores of unrelated random sequences grow with their "
+            f"length itself (mean {shortest:.1f} for the shortest fifth of the random pairs, {longest:.1f} for the "
+            "longest), not its logarithm, so Karlin-Altschul statistics do not hold; use affine gaps (e.g. "
+            "--gap-open -12 --gap-extend -1) or a more negative --gap, or give --lambda and --k")
+        refusal.shortest, refusal.longest = shortest, longest
+        return refusal
 
 
 def check_local(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: np.ndarray, lam: float, k: float,
@@ -241,12 +255,7 @@ def check_local(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: n
     fifth = max(1, len(order) // 5)
     shortest, longest = order[:fifth], order[-fifth:]
     if max(abs(residual[shortest].mean()), abs(residual[longest].mean())) > 0.5:
-        raise StatisticsUndefined(
-            f"E-values are not defined for {what}: the best scores of unrelated random sequences grow with their "
-            f"length itself (mean {scores[shortest].mean():.1f} for the shortest fifth of the random pairs, "
-            f"{scores[longest].mean():.1f} for the longest), not its logarithm, so Karlin-Altschul statistics do "
-            "not hold; use affine gaps (e.g. --gap-open -12 --gap-extend -1) or a more negative --gap, or give "
-            "--lambda and --k")
+        raise StatisticsUndefined.of(what, float(scores[shortest].mean()), float(scores[longest].mean()))
 
 
 def random_pairs(matrix, count: int, lengths: tuple[int, int], seed: int):
@@ -362,8 +371,8 @@ def parameters(settings, lambda_: float | None = None, k: float | None = None, c
         return KarlinAltschul(lambda_, k, "given", alpha, beta)
     path = cache_path(settings, count, lengths, seed)
     cached = _cached(path)
-    if isinstance(cached, StatisticsUndefined):
-        raise cached
+    if isinstance(cached, tuple):  # a kept refusal's mean scores: named as this run names the setting
+        raise StatisticsUndefined.of(setting_name(settings), *cached)
     if cached is not None:
         return cached
     print(f"swcli: estimating Karlin-Altschul lambda and K for {setting_name(settings)} from {count:,} random "
@@ -372,20 +381,24 @@ def parameters(settings, lambda_: float | None = None, k: float | None = None, c
     try:
         found = estimate(settings, count, lengths, seed)
     except StatisticsUndefined as exc:
-        _cache(path, {"undefined": str(exc), "setting": setting_name(settings)})
+        _cache(path, {"undefined": {"shortest": exc.shortest, "longest": exc.longest},
+                      "setting": setting_name(settings)})
         raise
     _cache(path, {**asdict(found), "setting": setting_name(settings),
                   "seconds": round(time.perf_counter() - started, 2)})
     return found
 
 
-def _cached(path) -> KarlinAltschul | StatisticsUndefined | None:
-    """The cache's entry: its lambda and K, or the refusal it keeps; None where there is none yet, or it is
-    unreadable or out of range (then estimated again)."""
+def _cached(path) -> KarlinAltschul | tuple[float, float] | None:
+    """The cache's entry: its lambda and K, or the refusal it keeps (the shortest and the longest pairs' mean
+    scores); None where there is none yet, or it is unreadable or out of range (then estimated again). A
+    refusal kept as a message alone, which named the setting as the run that cached it did, is estimated
+    again too."""
     try:
         saved = json.loads(path.read_text())
-        if isinstance(saved.get("undefined"), str):
-            return StatisticsUndefined(saved["undefined"])
+        if "undefined" in saved:
+            means = float(saved["undefined"]["shortest"]), float(saved["undefined"]["longest"])
+            return means if all(math.isfinite(mean) for mean in means) else None
         lam, k = float(saved["lambda_"]), float(saved["k"])
         correction = [None if saved[name] is None else float(saved[name]) for name in ("alpha", "beta")]
         if not (0 < lam < math.inf and 0 < k < math.inf
@@ -397,11 +410,17 @@ def _cached(path) -> KarlinAltschul | StatisticsUndefined | None:
 
 
 def _cache(path, record: dict) -> None:
+    """Keep an estimate, or a refusal (a record with "undefined"), for the next runs; where the cache
+    cannot be written, the run goes on as it would and says that the next run estimates again."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}")
         temporary.write_text(json.dumps(record, indent=1) + "\n")
         os.replace(temporary, path)  # whole or absent: a reader never sees half a file
     except OSError as exc:
-        print(f"swcli: could not cache the estimate in {path.parent} ({exc.strerror}); it is used for this run",
-              file=sys.stderr, flush=True)
+        where = f"in {path.parent} ({exc.strerror or exc})"
+        if "undefined" in record:  # there is no estimate to use: this run stops at the refusal that follows
+            told = f"could not cache that E-values are not defined for this setting {where}"
+        else:
+            told = f"could not cache the estimate {where}; it is used for this run"
+        print(f"swcli: {told}, and the next run with this setting estimates again", file=sys.stderr, flush=True)

@@ -164,3 +164,62 @@ def test_cli_refuses_evalues_where_they_do_not_hold(tmp_path, monkeypatch, capsy
     code, stdout, err = cli(["align", fasta, "--gap", "-4", "--format-output", "query,evalue", "--lambda", "0.2",
                              "--k", "0.01", "--backend", "cpu"], capsys)
     assert code == 0 and "lambda 0.2, K 0.01, no length correction (given)" in err
+
+
+def test_a_cached_refusal_names_the_setting_as_the_current_run_gives_it(tmp_path, monkeypatch, capsys):
+    """One cache entry serves a setting under all its names (the key is the scores and the gaps' values):
+    the matrix from a file of another name, a linear gap given as affine gaps of the same scores. The kept
+    refusal names the setting as the run that reads it does, with the first run's mean scores."""
+    from dataclasses import replace
+
+    monkeypatch.setenv("SWCLI_CACHE_DIR", str(tmp_path))
+    linear = settings(gap=-4.0, temperature=0.0)
+    with pytest.raises(statistics.StatisticsUndefined) as first:
+        statistics.parameters(linear, count=300)
+    assert "E-values are not defined for BLOSUM62, linear gap -4, t = 0:" in str(first.value)
+    assert "estimating" in capsys.readouterr().err
+    renamed = Settings(replace(MATRIX, name="my62.txt"), gap=None, gap_open=-4.0, gap_extend=-4.0,
+                       temperature=0.0, backend="cpu")
+    assert statistics.cache_path(renamed, 300, statistics.LENGTHS, 0) == statistics.cache_path(
+        linear, 300, statistics.LENGTHS, 0)
+    with pytest.raises(statistics.StatisticsUndefined) as again:
+        statistics.parameters(renamed, count=300)
+    assert capsys.readouterr().err == ""  # from the cache, not estimated again
+    # the same message, means included, but for the setting as this run names it
+    assert str(again.value) == str(first.value).replace("BLOSUM62, linear gap -4, t = 0:",
+                                                        "my62.txt, affine gaps: open -4, extend -4, t = 0:")
+    assert "for my62.txt, affine gaps: open -4, extend -4, t = 0:" in str(again.value)
+
+
+def test_a_refusal_kept_as_a_message_alone_is_estimated_again(tmp_path, monkeypatch, capsys):
+    """An entry that keeps the refusal's words, not its mean scores, cannot name another setting: it is
+    estimated again, and kept in the form that can."""
+    path = tmp_path / "cache.json"
+    monkeypatch.setattr(statistics, "cache_path", lambda s, *rest: path)
+    path.write_text(json.dumps({"undefined": "E-values are not defined for FIRST: ...", "setting": "FIRST"}))
+    with pytest.raises(statistics.StatisticsUndefined, match="^E-values are not defined for BLOSUM62, linear gap"):
+        statistics.parameters(settings(gap=-4.0, temperature=0.0), count=300)
+    assert "estimating" in capsys.readouterr().err
+    kept = json.loads(path.read_text())["undefined"]
+    assert set(kept) == {"shortest", "longest"} and kept["longest"] > kept["shortest"]
+
+
+@pytest.mark.parametrize("gap", [-4.0, None])
+def test_a_cache_that_cannot_be_written_says_what_it_could_not_keep(tmp_path, monkeypatch, capsys, gap):
+    """A refusal is no estimate that this run could use: the warning says which of the two was not kept."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the cache's folder would be
+    monkeypatch.setattr(statistics, "cache_path", lambda s, *rest: blocked / "cache.json")
+    if gap is None:
+        found = statistics.parameters(settings(gap=None, gap_open=-12.0, gap_extend=-1.0, temperature=0.0),
+                                      count=300)
+        assert found.lambda_ > 0
+        told = "could not cache the estimate in"
+    else:
+        with pytest.raises(statistics.StatisticsUndefined):
+            statistics.parameters(settings(gap=gap, temperature=0.0), count=300)
+        told = "could not cache that E-values are not defined for this setting in"
+    warning = capsys.readouterr().err.splitlines()[-1]
+    assert warning.startswith(f"swcli: {told} {tmp_path}")
+    assert ("it is used for this run" in warning) == (gap is None)
+    assert warning.endswith("and the next run with this setting estimates again")
