@@ -1177,7 +1177,10 @@ def _holding_gradient() -> bool:
     """Whether the graph being captured is kept to run elsewhere (torch.jit.trace, torch.export): it then
     holds the differentiable operators whatever the example's requires_grad was, since it may run with a
     score matrix that requires grad. (torch.compile guards on requires_grad and compiles again.)"""
-    return torch.jit.is_tracing() or torch.compiler.is_exporting()
+    # The flag behind torch.compiler.is_exporting(): under torch.compile, some releases' Dynamo answer that
+    # call True (from its table of tracing-state functions), which would put the gradient's operators in
+    # every compiled graph.
+    return torch.jit.is_tracing() or getattr(torch.compiler, "_is_exporting_flag", False)
 
 
 def _capturing_graph() -> bool:

@@ -167,6 +167,21 @@ def test_compiled_call_is_one_graph(device):
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_compiled_call_without_gradients_keeps_no_state(device):
+    """A graph compiled where nothing requires grad holds the scores operator, as the eager call runs it,
+    not the forward that keeps state for a gradient (whose scores may differ in the last bit)."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    S = random_scores((3, 10, 12), seed=7, dtype=torch.float32, device=device)
+    recorded = EagerAndRecordGraphs()
+    torch.compile(lambda S, q: swcli.soft_smith_waterman(S, -1.0, 1.0, q), backend=recorded, fullgraph=True)(
+        S, torch.tensor([10, 0, 3], device=device))
+    code = recorded.graphs[0].code
+    assert "swcli.scores.default" in code and "swcli.forward" not in code
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
 def test_compiled_graph_checks_lengths_on_the_device(device):
     torch._dynamo.reset()
     S = random_scores((3, 10, 12), seed=5, dtype=torch.float32, device=device)
