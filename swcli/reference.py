@@ -72,17 +72,25 @@ def soft_smith_waterman_reference(
     depends only on cells above and to its left, so that is the max of H over the same window.
     """
     B, M, N = score_matrix.shape
-    H = torch.zeros(B, M + 1, N + 1, dtype=score_matrix.dtype, device=score_matrix.device)
+    # Cells are kept in lists, not written into a tensor in place: under torch.vmap a value batched by the
+    # transform could not be written into a tensor created here, which is not.
+    zero = score_matrix.new_zeros(B)
+    H = [[zero] * (N + 1)] + [[zero] + [None] * N for _ in range(M)]
     for i in range(1, M + 1):
         for j in range(1, N + 1):
-            match = H[:, i - 1, j - 1] + score_matrix[:, i - 1, j - 1]
-            delete = H[:, i - 1, j] + gap
-            insert = H[:, i, j - 1] + gap
-            zero = torch.zeros_like(match)
-            stack = torch.stack([zero, match, delete, insert], dim=-1)
-            H[:, i, j] = _soft_max(stack, temperature)
-    H = _outside_lengths(H, query_lengths, target_lengths)
+            match = H[i - 1][j - 1] + score_matrix[:, i - 1, j - 1]
+            delete = H[i - 1][j] + gap
+            insert = H[i][j - 1] + gap
+            stack = torch.stack([torch.zeros_like(match), match, delete, insert], dim=-1)
+            H[i][j] = _soft_max(stack, temperature)
+    H = _outside_lengths(_table(H), query_lengths, target_lengths)
     return H.reshape(B, (M + 1) * (N + 1)).max(dim=-1).values
+
+
+def _table(cells: list[list[torch.Tensor]]) -> torch.Tensor:
+    """(B, M+1, N+1) from rows of (B,) cells, each broadcast to the batch (the border's plain zeros, where a
+    transform batches the rest)."""
+    return torch.stack([torch.stack(torch.broadcast_tensors(*row), dim=-1) for row in cells], dim=1)
 
 
 def _outside_lengths(H: torch.Tensor, query_lengths, target_lengths) -> torch.Tensor:
@@ -111,13 +119,15 @@ def soft_smith_waterman_affine_reference(
     maximum, Gotoh's local alignment. gap_open is the score of a gap's first position, gap_extend of each
     further one. Lengths as in soft_smith_waterman_reference."""
     B, M, N = score_matrix.shape
-    options = {"dtype": score_matrix.dtype, "device": score_matrix.device}
-    H = torch.zeros(B, M + 1, N + 1, **options)
-    match = torch.full((B, M + 1, N + 1), float("-inf"), **options)
-    X = torch.full((B, M + 1, N + 1), float("-inf"), **options)
-    Y = torch.full((B, M + 1, N + 1), float("-inf"), **options)
+    zero = score_matrix.new_zeros(B)
+    never = score_matrix.new_full((B,), float("-inf"))
+    H = [[zero] * (N + 1)] + [[zero] + [None] * N for _ in range(M)]  # in lists, as in the linear loop
+    match = [[never] * (N + 1)] + [[never] + [None] * N for _ in range(M)]
+    X = [[never] * (N + 1)] + [[never] + [None] * N for _ in range(M)]
+    Y = [[never] * (N + 1)] + [[never] + [None] * N for _ in range(M)]
 
     def smax(*terms):
+        terms = torch.broadcast_tensors(*terms)
         if isinstance(temperature, torch.Tensor):
             return _soft_max(torch.stack(terms, dim=-1), temperature)
         if temperature == 0:
@@ -130,17 +140,14 @@ def soft_smith_waterman_affine_reference(
             return best
         return temperature * torch.logsumexp(torch.stack(terms, dim=-1) / temperature, dim=-1)
 
-    start = torch.zeros(B, **options) + gap_open  # the 0 of an opening, plus o
-    zero = torch.zeros(B, **options)
+    start = zero + gap_open  # the 0 of an opening, plus o
     for i in range(1, M + 1):
         for j in range(1, N + 1):
-            match[:, i, j] = H[:, i - 1, j - 1] + score_matrix[:, i - 1, j - 1]
-            X[:, i, j] = smax(start, match[:, i, j - 1] + gap_open, Y[:, i, j - 1] + gap_open,
-                              X[:, i, j - 1] + gap_extend)
-            Y[:, i, j] = smax(start, match[:, i - 1, j] + gap_open, Y[:, i - 1, j] + gap_extend,
-                              X[:, i - 1, j] + gap_open)
-            H[:, i, j] = smax(zero, match[:, i, j], Y[:, i, j], X[:, i, j])
-    H = _outside_lengths(H, query_lengths, target_lengths)
+            match[i][j] = H[i - 1][j - 1] + score_matrix[:, i - 1, j - 1]
+            X[i][j] = smax(start, match[i][j - 1] + gap_open, Y[i][j - 1] + gap_open, X[i][j - 1] + gap_extend)
+            Y[i][j] = smax(start, match[i - 1][j] + gap_open, Y[i - 1][j] + gap_extend, X[i - 1][j] + gap_open)
+            H[i][j] = smax(zero, match[i][j], Y[i][j], X[i][j])
+    H = _outside_lengths(_table(H), query_lengths, target_lengths)
     return H.reshape(B, (M + 1) * (N + 1)).max(dim=-1).values
 
 

@@ -375,3 +375,24 @@ def test_affine_reference_gradient_lies_in_unit_interval():
     S = random_scores((3, 6, 7), seed=191).requires_grad_()
     affine(S, -2.0, -0.5, 1.0).sum().backward()
     assert (S.grad >= 0).all() and (S.grad <= 1).all() and (S.grad > 0).any()
+
+
+@pytest.mark.parametrize("affine", [False, True], ids=["linear", "affine"])
+@pytest.mark.parametrize("t", [0.0, 0.7])
+def test_vmap_over_batches_is_each_batch_alone(affine, t):
+    """torch.vmap over a batch of batches, with lengths and per-pair temperatures of their own: each
+    batch's scores as the loop gives them alone (the loop writes no cell in place, which vmap refuses)."""
+    S = random_scores((3, 4, 6, 5), seed=390)
+    qlen = torch.stack([random_lengths(4, 6, seed=391 + v) for v in range(3)])
+    temperature = torch.full((3, 4), t, dtype=torch.float64)
+    temperature[:, 1] = 1.3
+
+    def scores(S, qlen, temperature):
+        if affine:
+            return soft_smith_waterman_affine_reference(S, -2.0, -0.5, temperature, qlen)
+        return ref(S, -1.0, temperature, qlen)
+
+    batched = torch.vmap(scores)(S, qlen, temperature)
+    alone = torch.stack([scores(S[v], qlen[v], temperature[v]) for v in range(3)])
+    torch.testing.assert_close(batched, alone, rtol=0, atol=1e-12)
+    assert batched[:, 1].gt(0).all()
