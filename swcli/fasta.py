@@ -271,8 +271,16 @@ def _decode(data: bytes, name: str, where: str) -> str:
 def _exact_record(text: bytes, name: str, number: int) -> tuple[str, str]:
     """(id, sequence) of one record's text by SimpleFastaParser's own rules: the header rstripped, every
     sequence line rstripped, spaces removed; and the header checks."""
-    lines = _decode(text, name, f"record {number}").split("\n")
-    title = lines[0][1:].rstrip()
+    data = bytes(text)
+    header_end = data.find(b"\n") + 1 or len(data)
+    try:
+        lines = data[header_end:].decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise FastaError(f"{name}: record {number}: not a text file (byte {header_end + exc.start + 1} is not "
+                         "UTF-8)") from None
+    # The description is read by no one here, so a byte in another encoding there (a Latin-1 name) is
+    # kept undecoded rather than refused; the identifier, which the output writes, must be UTF-8.
+    title = data[1:header_end].decode("utf-8", "surrogateescape").rstrip()
     control = HEADER_CONTROL.search(title)
     if control is not None:
         raise FastaError(f"{name}: record {number}: control character {control.group()!r} at position "
@@ -280,7 +288,12 @@ def _exact_record(text: bytes, name: str, number: int) -> tuple[str, str]:
     words = title.split(None, 1)
     if not words:
         raise FastaError(f"{name}: record {number}: header has no identifier")
-    return words[0], "".join(line.rstrip() for line in lines[1:]).replace(" ", "")
+    undecoded = re.search("[\udc80-\udcff]", words[0])
+    if undecoded is not None:
+        before = title[:title.index(words[0]) + undecoded.start()].encode("utf-8", "surrogateescape")
+        raise FastaError(f"{name}: record {number}: byte {len(before) + 2} of the header "
+                         f"(0x{ord(undecoded.group()) - 0xdc00:02x}), in its identifier, is not UTF-8")
+    return words[0], "".join(line.rstrip() for line in lines).replace(" ", "")
 
 
 def _parse_block(text: memoryview, name: str, first: int, expected: int) -> Records:

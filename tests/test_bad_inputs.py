@@ -69,6 +69,9 @@ ROWS = [
         "h.fa: record 2: header has no identifier"),
     Row("binary file", {"bin.fa": b">a\n\xff\xfe\x00\x81\n"}, ["align", "bin.fa"], 1,
         "bin.fa: record 1: not a text file (byte 4 is not UTF-8)"),
+    Row("identifier not in UTF-8", {"id.fa": b">a\nMK\n> b\xe9c Latin-1\nMK\n"}, ["align", "id.fa"], 1,
+        "id.fa: record 2: byte 4 of the header (0xe9), in its identifier, is not UTF-8"),
+    Row("description in Latin-1 (good)", {"desc.fa": b">a M\xfcller\nMK\n>b\nMK\n"}, ["align", "desc.fa"], 0, None),
     Row("truncated gzip", {"cut.fa": gzip.compress(b">a\n" + b"ACDEFGHIKL" * 1000)[:60]}, ["align", "cut.fa"], 1,
         "cut.fa: corrupt or truncated gzip data"),
     # headers (item D)

@@ -71,6 +71,18 @@ def test_missing_file_and_directory(tmp_path):
         list(read_fasta(str(tmp_path)))
 
 
+def test_a_description_in_another_encoding_is_read(tmp_path):
+    """Only the identifier is used (and written out): a Latin-1 byte in the description does not stop the
+    file, while one in the identifier is refused, naming its byte."""
+    path = tmp_path / "latin1.fa"
+    path.write_bytes(b">sp|P1| M\xfcller kinase\nMKV\n>q2\tCa\xf1on\nAC\n")
+    records = list(read_fasta(str(path)))
+    assert [(r.id, r.sequence) for r in records] == [("sp|P1|", "MKV"), ("q2", "AC")]
+    path.write_bytes(b">a\nMK\n>M\xfcller kinase\nMKV\n")
+    with pytest.raises(FastaError, match=r"record 2: byte 3 of the header \(0xfc\), in its identifier, is not UTF-8"):
+        list(read_fasta(str(path)))
+
+
 def test_binary_and_truncated_gzip(tmp_path):
     binary = tmp_path / "binary.fa"
     binary.write_bytes(b">a\n\xff\xfe\x00\x81\n")
