@@ -567,8 +567,11 @@ def makedb(
             bar.update(measure.done() - bar.n if measure is not None else len(block))
             yield block
 
+    # A matrix file is kept by its absolute path, so that a search elsewhere can be told which --matrix to give.
+    matrix_name = database.matrix_reference(matrix, substitution)
     with bar:
-        db = database.build_from_blocks(counted(read_blocks(fasta_path)), substitution, display_name(fasta_path))
+        db = database.build_from_blocks(counted(read_blocks(fasta_path)), substitution, display_name(fasta_path),
+                                        matrix_name)
     interrupt.check()
     database.save(db, folder)
     typer.echo(f"{folder}: {len(db):,} sequences, {db.residues:,} residues", err=True)

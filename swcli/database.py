@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -23,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from swcli.errors import DatabaseError
+from swcli.errors import DatabaseError, SwcliError
 from swcli.fasta import FastaRecord, Records, gather_ranges
-from swcli.scoring import SubstitutionMatrix
+from swcli.scoring import SubstitutionMatrix, load_matrix
 
 FORMAT = "swcli-database-1"
 FILES = ("codes.u8", "offsets.i64", "index.i64", "ids.txt", "meta.json")
@@ -39,7 +40,9 @@ class Database:
     ids: list[str]  # in database order
     alphabet: str  # the alphabet the codes index (the matrix's)
     source: str  # what it was built from, for messages
-    matrix: str = ""  # the name of the matrix it was encoded for (older folders: unknown)
+    # The matrix it was encoded for: a Biopython name, or a matrix file's absolute path (older folders: the
+    # file's name alone, or nothing).
+    matrix: str = ""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -72,14 +75,41 @@ class Database:
         return np.where(inside, block, 0).astype(np.uint8), lengths
 
     def check_alphabet(self, matrix: SubstitutionMatrix) -> None:
-        """The codes index the matrix only if they were made with its alphabet."""
-        if matrix.alphabet != self.alphabet:
-            made = f" (the matrix {self.matrix})" if self.matrix else ""
-            search = f"search it with --matrix {self.matrix}, or " if self.matrix else ""
-            raise DatabaseError(
-                f"{self.source}: encoded for the alphabet {self.alphabet}{made}, but the matrix {matrix.name} has "
-                f"{matrix.alphabet}; {search}prepare it again with this matrix (swcli makedb --matrix {matrix.name})"
-            )
+        """The codes index the matrix only if they were made with its alphabet. A --matrix value is suggested
+        only where it loads, from this directory, a matrix that would be accepted: a hint that fails misleads."""
+        if matrix.alphabet == self.alphabet:
+            return
+        kept = _matrix_option(self.matrix, self.alphabet)
+        lost = "" if kept else ", not found here with that alphabet"
+        made = f" (the matrix {self.matrix}{lost})" if self.matrix else ""
+        search = f"search it with --matrix {kept}, or " if kept else ""
+        again = _matrix_option(matrix.name, matrix.alphabet, matrix.scores)
+        how = f"swcli makedb --matrix {again}" if again else "swcli makedb with the same --matrix"
+        raise DatabaseError(
+            f"{self.source}: encoded for the alphabet {self.alphabet}{made}, but the matrix {matrix.name} has "
+            f"{matrix.alphabet}; {search}prepare it again with this matrix ({how})"
+        )
+
+
+def _matrix_option(spec: str, alphabet: str, scores=None) -> str | None:
+    """`spec` quoted for a shell if --matrix spec loads, here, a matrix of `alphabet` (and `scores` when given);
+    else None. A file named without its folder (older folders, a matrix's own name) loads only from beside it."""
+    if not spec:
+        return None
+    try:
+        loaded = load_matrix(spec)
+    except (SwcliError, OSError):
+        return None
+    if loaded.alphabet != alphabet or (scores is not None and loaded.scores != scores):
+        return None
+    return shlex.quote(spec)
+
+
+def matrix_reference(spec: str, matrix: SubstitutionMatrix) -> str:
+    """How a folder names the --matrix `spec` it is made with, so that a search from any directory can be told
+    to use it: a matrix file by its absolute path (its name alone loads only beside it), else the name."""
+    path = Path(spec)
+    return str(path.resolve()) if path.is_file() else matrix.name
 
 
 def build(records: Iterable[FastaRecord], matrix: SubstitutionMatrix, source: str) -> Database:
@@ -87,9 +117,11 @@ def build(records: Iterable[FastaRecord], matrix: SubstitutionMatrix, source: st
     return build_from_blocks([Records.from_records(list(records))], matrix, source)
 
 
-def build_from_blocks(blocks: Iterable[Records], matrix: SubstitutionMatrix, source: str) -> Database:
+def build_from_blocks(blocks: Iterable[Records], matrix: SubstitutionMatrix, source: str,
+                      matrix_name: str | None = None) -> Database:
     """Encode every sequence once (letters checked as in align) and order them longest first: array
-    operations over the blocks of fasta.read_blocks, no Python object per sequence but its id."""
+    operations over the blocks of fasta.read_blocks, no Python object per sequence but its id. The database
+    names its matrix `matrix_name` (see matrix_reference), else the matrix's own name."""
     records = Records.concatenate(list(blocks) or [Records.from_records([])])
     codes = matrix.encode_records(records)
     lengths = records.lengths
@@ -99,7 +131,8 @@ def build_from_blocks(blocks: Iterable[Records], matrix: SubstitutionMatrix, sou
     ordered = gather_ranges(codes, records.offsets[:-1][index], lengths[index])
     id_bytes, bounds = records.ids.tobytes(), records.id_offsets.tolist()
     ids = [id_bytes[a:b].decode() for a, b in zip(bounds, bounds[1:])]
-    return Database(ordered, offsets, index.astype(np.int64), ids, matrix.alphabet, source, matrix.name)
+    return Database(ordered, offsets, index.astype(np.int64), ids, matrix.alphabet, source,
+                    matrix_name or matrix.name)
 
 
 def save(database: Database, folder: str | Path) -> None:
@@ -152,10 +185,16 @@ def load(folder: str | Path) -> Database:
     offsets = _array(folder / "offsets.i64", np.int64, count + 1)
     index = _array(folder / "index.i64", np.int64, count)
     codes = _array(folder / "codes.u8", np.uint8, residues)
+    raw_ids = (folder / "ids.txt").read_bytes()
     try:
-        ids = (folder / "ids.txt").read_bytes().decode().split("\n")[:-1]
+        ids = raw_ids.decode("utf-8").split("\n")[:-1]
     except UnicodeDecodeError as exc:
-        raise DatabaseError(f"{folder}/ids.txt: not UTF-8 (byte {exc.start}); prepare it again") from None
+        # Never guessed: older swcli wrote the ids in the locale's encoding, which the folder does not record.
+        line = raw_ids.count(b"\n", 0, exc.start) + 1
+        raise DatabaseError(
+            f"{folder}/ids.txt: line {line} (the id of record {line}) is not UTF-8 (byte 0x{raw_ids[exc.start]:02x} "
+            f"at offset {exc.start}); ids written under another locale's encoding: rebuild the folder with swcli "
+            "makedb, which writes UTF-8") from None
     lengths = np.diff(offsets)
     if (len(ids) != count or offsets[0] != 0 or offsets[-1] != residues or np.any(lengths < 1)
             or np.any(lengths[1:] > lengths[:-1]) or not np.array_equal(np.sort(index), np.arange(count))):

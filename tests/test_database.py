@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -124,7 +125,8 @@ def _edit_offsets(folder, k: int, take_from: int) -> None:
     (lambda f: _edit_meta(f, sequences="abc"), r"meta\.json: sequences 'abc'"),
     (lambda f: _edit_meta(f, sequences=-1), r"meta\.json: sequences -1"),
     (lambda f: _edit_meta(f, alphabet=""), r"meta\.json: .* alphabet ''"),
-    (lambda f: (f / "ids.txt").write_bytes((f / "ids.txt").read_bytes() + b"\xff"), r"ids\.txt: not UTF-8"),
+    (lambda f: (f / "ids.txt").write_bytes((f / "ids.txt").read_bytes() + b"\xff"),
+     r"ids\.txt: line 6 \(the id of record 6\) is not UTF-8 \(byte 0xff at offset 15\)"),
     (lambda f: (f / "ids.txt").write_text("s0\n\ns2\ns3\ns4\n"), r"ids\.txt: line 2 is empty"),
     (lambda f: _edit_offsets(f, 1, 0), "its files disagree"),  # the first sequence emptied
     (lambda f: _edit_offsets(f, 3, 1), "its files disagree"),  # out of the length order
@@ -154,3 +156,76 @@ def test_the_matrix_is_kept_with_the_folder_and_older_folders_still_load(tmp_pat
     assert older.matrix == "" and len(older) == 3
     with pytest.raises(DatabaseError, match=r"encoded for the alphabet \S+, but the matrix NUC\.4\.4 has .*; prepare"):
         older.check_alphabet(load_matrix("NUC.4.4"))
+
+
+def test_ids_in_another_encoding_are_refused_with_the_line_byte_and_the_fix(tmp_path):
+    """Folders made under a latin-1 locale hold latin-1 ids: refused (never decoded by a guess), and the
+    message names the line and the byte and says that makedb, which writes UTF-8, rebuilds it."""
+    recs = [FastaRecord("db.fa", 1, "s0", "ACD"), FastaRecord("db.fa", 2, "café", "KLM"),
+            FastaRecord("db.fa", 3, "s2", "W")]
+    database.save(database.build(recs, BLOSUM62, "db.fa"), tmp_path / "db")
+    (tmp_path / "db" / "ids.txt").write_bytes("s0\ncafé\ns2\n".encode("latin-1"))
+    with pytest.raises(DatabaseError) as refused:
+        database.load(tmp_path / "db")
+    message = str(refused.value)
+    assert message == (f"{tmp_path / 'db'}/ids.txt: line 2 (the id of record 2) is not UTF-8 (byte 0xe9 at offset 6); "
+                       "ids written under another locale's encoding: rebuild the folder with swcli makedb, which "
+                       "writes UTF-8")
+
+
+def _matrix_file(path) -> str:
+    """BLOSUM62 written as a matrix file (the same alphabet and scores)."""
+    from Bio.Align import substitution_matrices
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(substitution_matrices.load("BLOSUM62")))
+    return str(path)
+
+
+def test_a_matrix_file_is_named_by_its_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _matrix_file(tmp_path / "m" / "b62.mat")
+    assert database.matrix_reference("m/b62.mat", load_matrix("m/b62.mat")) == str(tmp_path / "m" / "b62.mat")
+    assert database.matrix_reference("blosum62", BLOSUM62) == "BLOSUM62"
+
+
+def test_the_hint_for_a_matrix_file_is_a_path_that_loads_or_none(tmp_path, monkeypatch):
+    path = _matrix_file(tmp_path / "my matrices" / "b62.mat")
+    db = replace(database.build(records(3, seed=8), load_matrix(path), "db.fa"), matrix=path)  # as makedb names it
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatabaseError, match=f"search it with --matrix '{tmp_path}/my matrices/b62.mat', or "):
+        db.check_alphabet(load_matrix("NUC.4.4"))
+    (tmp_path / "my matrices" / "b62.mat").unlink()
+    with pytest.raises(DatabaseError) as refused:
+        db.check_alphabet(load_matrix("NUC.4.4"))
+    assert f"(the matrix {path}, not found here with that alphabet)" in str(refused.value)
+    assert "search it with" not in str(refused.value)
+
+
+def test_older_folders_naming_a_matrix_file_alone_get_a_hint_only_beside_it(tmp_path, monkeypatch):
+    """makedb once kept a matrix file's name without its folder: --matrix NAME loads it only from there."""
+    _matrix_file(tmp_path / "m" / "b62.mat")
+    db = replace(database.build(records(3, seed=9), BLOSUM62, "db.fa"), matrix="b62.mat")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatabaseError) as refused:
+        db.check_alphabet(load_matrix("NUC.4.4"))
+    assert "(the matrix b62.mat, not found here with that alphabet)" in str(refused.value)
+    assert "--matrix b62.mat" not in str(refused.value)
+    monkeypatch.chdir(tmp_path / "m")
+    with pytest.raises(DatabaseError, match=r"search it with --matrix b62\.mat, or "):
+        db.check_alphabet(load_matrix("NUC.4.4"))
+
+
+def test_the_makedb_hint_names_the_search_matrix_only_where_it_loads(tmp_path, monkeypatch):
+    """The search's matrix file is known by its name alone: a makedb hint with it is given only beside it."""
+    from Bio.Align import substitution_matrices
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "nuc.mat").write_text(str(substitution_matrices.load("NUC.4.4")))
+    db = database.build(records(3, seed=10), BLOSUM62, "db.fa")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatabaseError, match=r"again with this matrix \(swcli makedb with the same --matrix\)"):
+        db.check_alphabet(load_matrix("m/nuc.mat"))
+    monkeypatch.chdir(tmp_path / "m")
+    with pytest.raises(DatabaseError, match=r"\(swcli makedb --matrix nuc\.mat\)"):
+        db.check_alphabet(load_matrix("nuc.mat"))

@@ -437,6 +437,36 @@ def test_makedb_refuses_an_existing_folder_and_search_another_alphabet(search_fi
     assert "search it with --matrix BLOSUM62" in err
 
 
+def test_makedb_with_a_matrix_file_hints_a_path_that_searches_from_elsewhere(search_files, tmp_path, capsys,
+                                                                             monkeypatch):
+    """A matrix file given with its folder: the folder keeps its absolute path, and the --matrix a refused
+    search suggests works from another directory; once the file is gone there is no such hint."""
+    import json
+
+    from Bio.Align import substitution_matrices
+
+    q, db = search_files
+    (tmp_path / "matrices").mkdir()
+    matrix_file = tmp_path / "matrices" / "b62.mat"
+    matrix_file.write_text(str(substitution_matrices.load("BLOSUM62")))
+    monkeypatch.chdir(tmp_path)
+    assert cli(["makedb", db, "prepared", "--matrix", "matrices/b62.mat"], capsys)[0] == 0
+    assert json.loads((tmp_path / "prepared" / "meta.json").read_text())["matrix"] == str(matrix_file)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    prepared = str(tmp_path / "prepared")
+    code, _, err = cli(["search", q, prepared, "-m", "NUC.4.4", "--unknown-as", "N"], capsys)
+    assert code == 1 and f"search it with --matrix {matrix_file}, or" in err and err.count("\n") == 1
+    _, from_fasta, _ = cli(["search", q, db, "-t", "0", "--backend", "cpu"], capsys)
+    code, hinted, _ = cli(["search", q, prepared, "--matrix", str(matrix_file), "-t", "0", "--backend", "cpu"],
+                          capsys)
+    assert code == 0 and hinted == from_fasta
+    matrix_file.unlink()
+    code, _, err = cli(["search", q, prepared, "-m", "NUC.4.4", "--unknown-as", "N"], capsys)
+    assert code == 1 and f"(the matrix {matrix_file}, not found here with that alphabet)" in err
+    assert "search it with" not in err
+
+
 @pytest.mark.parametrize("quiet", [False, True])
 def test_makedb_shows_its_reading_as_a_bar_of_bytes(search_files, tmp_path, capsys, monkeypatch, quiet):
     import swcli.commands
