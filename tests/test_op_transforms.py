@@ -322,6 +322,20 @@ def test_fake_tensors_with_lengths():
         assert ssw(S, gap_open=-2.0, gap_extend=-1.0, target_lengths=lengths).shape == (6,)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_fake_tensors_with_gradients_take_a_shape_environment(kind):
+    """The forward's state has a size only the engine knows: fake tensors with a gradient give the shapes
+    where the mode has a shape environment (as torch.compile's and torch.export's have)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        S = torch.empty(3, 7, 9, requires_grad=True)
+        scores = ssw(S, **gaps_of(kind))
+        scores.sum().backward()
+        assert scores.shape == (3,) and S.grad.shape == (3, 7, 9)
+
+
 # --------------------------------------------------------------------------------------------------
 # torch.jit
 
