@@ -316,9 +316,11 @@ def _differentiating_transforms(tensors) -> list[str]:
         with contextlib.ExitStack() as set_aside:
             while functorch.is_functorch_wrapped_tensor(x):
                 level = functorch.maybe_get_level(x)
-                while functorch.peek_interpreter_stack().level() > level:
+                while (top := functorch.peek_interpreter_stack()) is not None and top.level() > level:
                     set_aside.enter_context(torch._functorch.pyfunctorch.temporarily_pop_interpreter_stack())
-                key = functorch.peek_interpreter_stack().key()
+                if top is None or top.level() != level:  # a wrapper whose transform has ended (escaped it)
+                    break
+                key = top.key()
                 if key == functorch.TransformType.Jvp and forward_ad.unpack_dual(x).tangent is not None:
                     levels[level] = "forward"
                 elif key == functorch.TransformType.Grad and x.requires_grad:

@@ -427,3 +427,13 @@ def test_reference_backend_is_twice_differentiable():
     S = random_scores((2, 3, 4), seed=420).requires_grad_()
     gap = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda S, g: ssw(S, g, 1.0, backend="reference"), (S, gap))
+
+
+def test_a_tensor_escaped_from_an_ended_transform_runs():
+    """A tensor kept from inside a grad that has ended, then used under a vmap: no transform of its own is
+    active, so nothing is refused, and the scores are those of the tensor it wraps."""
+    S = random_scores((2, 4, 5), seed=141)
+    leaked = []
+    torch.func.grad(lambda S: (leaked.append(S), S.sum())[1])(S)
+    out = torch.vmap(lambda s: ssw(leaked[0], backend="cpu") + s.sum())(S)
+    torch.testing.assert_close(out, ssw(S, backend="cpu")[None] + S.sum((1, 2))[:, None], rtol=0, atol=1e-12)
