@@ -75,7 +75,7 @@ def soft_smith_waterman_reference(
     # Cells are kept in lists, not written into a tensor in place: under torch.vmap a value batched by the
     # transform could not be written into a tensor created here, which is not.
     zero = score_matrix.new_zeros(B)
-    H = [[zero] * (N + 1)] + [[zero] + [None] * N for _ in range(M)]
+    H = _cells(zero, M, N)
     for i in range(1, M + 1):
         for j in range(1, N + 1):
             match = H[i - 1][j - 1] + score_matrix[:, i - 1, j - 1]
@@ -85,6 +85,11 @@ def soft_smith_waterman_reference(
             H[i][j] = _soft_max(stack, temperature)
     H = _outside_lengths(_table(H), query_lengths, target_lengths)
     return H.reshape(B, (M + 1) * (N + 1)).max(dim=-1).values
+
+
+def _cells(border: torch.Tensor, M: int, N: int) -> list[list]:
+    """Rows 0..M of cells 0..N: `border` in row 0 and column 0, the rest to be computed."""
+    return [[border] * (N + 1)] + [[border] + [None] * N for _ in range(M)]
 
 
 def _table(cells: list[list[torch.Tensor]]) -> torch.Tensor:
@@ -121,10 +126,8 @@ def soft_smith_waterman_affine_reference(
     B, M, N = score_matrix.shape
     zero = score_matrix.new_zeros(B)
     never = score_matrix.new_full((B,), float("-inf"))
-    H = [[zero] * (N + 1)] + [[zero] + [None] * N for _ in range(M)]  # in lists, as in the linear loop
-    match = [[never] * (N + 1)] + [[never] + [None] * N for _ in range(M)]
-    X = [[never] * (N + 1)] + [[never] + [None] * N for _ in range(M)]
-    Y = [[never] * (N + 1)] + [[never] + [None] * N for _ in range(M)]
+    H = _cells(zero, M, N)  # in lists, as in the linear loop
+    match, X, Y = _cells(never, M, N), _cells(never, M, N), _cells(never, M, N)
 
     def smax(*terms):
         terms = torch.broadcast_tensors(*terms)
