@@ -344,17 +344,42 @@ def _has_dual_tangent(tensors) -> bool:
     return False
 
 
+class _NotTwiceDifferentiable(torch.autograd.Function):
+    """A gradient as it is (a view), whose own gradient raises NOT_TWICE_DIFFERENTIABLE: under torch.func
+    transforms, the form of _once_differentiable's error node. Applied at every level, it raises wherever
+    one differentiates the gradient, ordinary autograd outside the transform included."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(grad, *inputs):
+        return grad.view_as(grad)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *_grads):
+        raise RuntimeError(NOT_TWICE_DIFFERENTIABLE)
+
+
 def _once_differentiable(inputs, *grads):
     """The gradients, made to raise NOT_TWICE_DIFFERENTIABLE if a double backward reaches them: where the
-    backward runs with grad mode on (create_graph=True) they would otherwise come back as constants, and a
-    second derivative through them would be silently wrong (zero). The error node takes the op's inputs
-    that require grad (and the incoming gradient) as its own, so that differentiating the gradients by
-    any of them runs it; torch.autograd.function.once_differentiable's node hangs off new leaves, which
-    autograd prunes. torch.func transforms allow no such node: nested ones are refused up front
-    (_refuse_forward_mode)."""
-    if not torch.is_grad_enabled() or _in_functorch():
+    backward runs with grad mode on (create_graph=True, torch.func.grad) they would otherwise come back as
+    constants, and a second derivative through them would be silently wrong (zero). The error node takes
+    the op's inputs that require grad (and the incoming gradient) as its own, so that differentiating the
+    gradients by any of them runs it; torch.autograd.function.once_differentiable's node hangs off new
+    leaves, which autograd prunes. Under torch.func transforms the node is _NotTwiceDifferentiable, for the
+    ordinary autograd outside them (nested transforms are refused up front: _refuse_forward_mode)."""
+    if not torch.is_grad_enabled():
         return grads
     present = [g for g in grads if g is not None]
+    if _in_functorch():
+        connected = [x for x in inputs if isinstance(x, torch.Tensor) and _needs_grad(x)]
+        if not present or not connected:
+            return grads
+        return tuple(None if g is None else _NotTwiceDifferentiable.apply(g, *connected) for g in grads)
     connected = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     if not present or not connected:
         return grads
@@ -600,7 +625,8 @@ def _per_pair_gradients(grad_scores, S, values, scores, posterior, counts, needs
     flows = [torch.where(zero, 0, g * count) for count in counts]
     inner = None
     if need_values[-1]:
-        torch._assert_async((values[-1] > 0).all(), TEMPERATURE_GRADIENT_AT_ZERO)
+        # on the tensor under torch.func's wrappers: vmap has no batching rule for the assertion
+        torch._assert_async((_unwrapped(values[-1]) > 0).all(), TEMPERATURE_GRADIENT_AT_ZERO)
         # <S, posterior> over the cells the alignment can use: S outside the lengths, or -inf, must not
         # turn 0 into NaN or inf (a -inf cell's posterior is 0, but the CUDA engine's, the remainder of the
         # other weights, is a rounding error of about 1e-8)
@@ -1046,9 +1072,9 @@ def _holds_no_data(x: torch.Tensor) -> bool:
 
 
 def _unwrapped(x: torch.Tensor) -> torch.Tensor:
-    """The plain tensor under torch.func's wrappers (vmap's batches, grad's tracking)."""
+    """The plain tensor under torch.func's wrappers (vmap's batches, grad's tracking, functionalize's)."""
     functorch = torch._C._functorch
-    while functorch.is_batchedtensor(x) or functorch.is_gradtrackingtensor(x):
+    while functorch.is_functorch_wrapped_tensor(x):
         x = functorch.get_unwrapped(x)
     return x
 
@@ -1200,6 +1226,18 @@ def _in_functorch() -> bool:
     return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None
 
 
+NO_FUNCTIONALIZE = (
+    "swcli: the compiled engines' gradient does not run under torch.func.functionalize (PyTorch has no "
+    "functionalize rule for autograd Functions); use backend='reference' there")
+
+
+def _under_functionalize() -> bool:
+    """Whether torch.func.functionalize is among the active transforms."""
+    functionalize = torch._C._functorch.TransformType.Functionalize
+    return any(level.key() == functionalize
+               for level in torch._functorch.pyfunctorch.retrieve_all_functorch_interpreters())
+
+
 def _needs_grad(x: torch.Tensor) -> bool:
     """x.requires_grad, seen through torch.func's wrappers: a tensor batched by vmap reads False there even
     where autograd outside the transform tracks the tensor it wraps."""
@@ -1207,7 +1245,7 @@ def _needs_grad(x: torch.Tensor) -> bool:
         return x.requires_grad
     functorch = torch._C._functorch
     while not x.requires_grad:
-        if not (functorch.is_batchedtensor(x) or functorch.is_gradtrackingtensor(x)):
+        if not functorch.is_functorch_wrapped_tensor(x):
             return False
         x = functorch.get_unwrapped(x)
     return True
@@ -1470,10 +1508,12 @@ def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_post
             return _scores_of_groups(S, qlen, tlen, _groups(host, S.device)), None
         op = _scores_per_pair if len(gaps) == 1 else _affine_scores_per_pair
         return op(S, qlen, tlen, *values), None
-    if _capturing_graph():
+    if _capturing_graph() or not (differentiable or _holding_gradient()):  # the posterior alone: no autograd
         op = _posterior_per_pair if len(gaps) == 1 else _affine_posterior_per_pair
         scores, posterior, *_ = op(S, qlen, tlen, *values)
         return scores, posterior
+    if _under_functionalize():
+        raise RuntimeError(NO_FUNCTIONALIZE)
     if return_posterior or host is None:
         scores, posterior, *_ = _PosteriorWithGradient.apply(S, qlen, tlen, *values)
         return scores, posterior

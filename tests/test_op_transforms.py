@@ -423,6 +423,65 @@ def test_nested_func_transforms_are_a_clear_error():
                                inner.sum(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tensors", [False, True], ids=["numbers", "tensors"])
+def test_autograd_over_a_func_grad_is_a_clear_error(kind, tensors):
+    """Ordinary autograd differentiating what torch.func.grad returned: the op's part of it is not
+    differentiable, so the outer backward raises where it would have dropped that part."""
+    S = random_scores((2, 4, 5), seed=405).requires_grad_()
+    gaps = gaps_of(kind, torch.tensor(-2.0, dtype=torch.float64) if tensors else None)
+    inner = torch.func.grad(lambda S: ssw(S, temperature=1.0, backend="cpu", **gaps).sum() + (S ** 3).sum())(S)
+    assert inner.requires_grad
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        inner.sum().backward()
+    # the first derivative is the eager one, and without a gradient outside, nothing is attached to it
+    Sg = S.detach().clone().requires_grad_()
+    expected = torch.autograd.grad(ssw(Sg, temperature=1.0, backend="cpu", **gaps).sum() + (Sg ** 3).sum(), Sg)[0]
+    torch.testing.assert_close(inner.detach(), expected, rtol=0, atol=1e-12)
+    with torch.no_grad():
+        plain = torch.func.grad(lambda S: ssw(S, temperature=1.0, backend="cpu", **gaps).sum())(S)
+    assert not plain.requires_grad
+    plain = torch.func.grad(lambda S: ssw(S, temperature=1.0, backend="cpu", **gaps).sum())(S.detach())
+    assert not plain.requires_grad
+    # the same with vmap between: each batch's gradient, and the outer backward refused
+    batched = torch.vmap(torch.func.grad(lambda S: ssw(S, temperature=1.0, backend="cpu", **gaps).sum()))(S[:, None])
+    torch.testing.assert_close(batched[:, 0].detach(), torch.autograd.grad(
+        ssw(Sg, temperature=1.0, backend="cpu", **gaps).sum(), Sg)[0], rtol=0, atol=1e-12)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        batched.sum().backward()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_functionalize(kind):
+    """functionalize alone runs (scores and posterior as eager); under a gradient the engines' autograd
+    Functions have no functionalize rule in PyTorch: a clear error, where the reference loop runs."""
+    S = random_scores((2, 4, 5), seed=406)
+    gaps = gaps_of(kind)
+    torch.testing.assert_close(torch.func.functionalize(lambda S: ssw(S, **gaps))(S), ssw(S, **gaps),
+                               rtol=0, atol=0)
+    posterior = torch.func.functionalize(lambda S: ssw(S, return_posterior=True, **gaps)[1])(S)
+    torch.testing.assert_close(posterior, ssw(S, return_posterior=True, **gaps)[1], rtol=0, atol=0)
+    loss = lambda S: ssw(S, backend="cpu", **gaps).sum()  # noqa: E731
+    for transform in (lambda f: torch.func.grad(torch.func.functionalize(f)),
+                      lambda f: torch.func.functionalize(torch.func.grad(f))):
+        with pytest.raises(RuntimeError, match="functionalize"):
+            transform(loss)(S)
+    got = torch.func.grad(torch.func.functionalize(lambda S: ssw(S, backend="reference", **gaps).sum()))(S)
+    torch.testing.assert_close(got, torch.func.grad(loss)(S), rtol=1e-9, atol=1e-12)
+
+
+def test_vmap_of_the_temperature_gradient():
+    """vmap over grad by a tensor temperature: each value's d score / d t, and t = 0 a clear error."""
+    S = random_scores((2, 4, 5), seed=407)
+    t = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+    for backend in ("cpu", "reference"):
+        got = torch.vmap(torch.func.grad(lambda t: ssw(S, -1.0, t, backend=backend).sum()))(t)
+        expected = [torch.func.grad(lambda t: ssw(S, -1.0, t, backend="reference").sum())(v) for v in t]
+        torch.testing.assert_close(got, torch.stack(expected), rtol=1e-9, atol=1e-12)
+    with pytest.raises(RuntimeError, match="temperature 0"):
+        torch.vmap(torch.func.grad(lambda t: ssw(S, -1.0, t, backend="cpu").sum()))(torch.tensor([1.0, 0.0]))
+
+
 def test_reference_backend_is_twice_differentiable():
     S = random_scores((2, 3, 4), seed=420).requires_grad_()
     gap = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
