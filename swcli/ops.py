@@ -1020,6 +1020,8 @@ def _check_lengths(name: str, lengths, size: int, device) -> torch.Tensor | None
     _check_ranges, with every other range of the call."""
     if lengths is None:
         return None
+    if isinstance(lengths, (list, tuple)) and len(lengths) == 0:  # torch would make it float
+        lengths = torch.zeros(0, dtype=torch.int64)
     lengths = torch.as_tensor(lengths)
     if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
         raise ValueError(f"{name} must hold integers, got dtype {lengths.dtype}")
@@ -1539,7 +1541,9 @@ def soft_smith_waterman_codes(
     The gaps as in soft_smith_waterman: gap (linear, -1.0 when not given), or gap_open and gap_extend
     (affine), Python numbers. The compiled engines look each score up in the matrix as they go, so the
     (B, M, N) score tensor is never built (it would cost more than the alignment itself); backend='reference'
-    builds it with a gather and runs the Python loop in the matrix's dtype. No gradient: use
+    builds it with a gather and runs the Python loop in the matrix's dtype. The engines compute in float32
+    and return float32 scores (the matrix is cast to float32: substitution scores are small numbers that
+    float32 holds exactly), the reference the matrix's dtype. No gradient: use
     soft_smith_waterman for that. return_posterior: (scores, posterior) as soft_smith_waterman returns them;
     the posterior is (B, M, N) anyway, so the scores are gathered into S for it and scored densely.
     """
@@ -1564,7 +1568,8 @@ def soft_smith_waterman_codes(
     if not isinstance(return_posterior, bool):
         raise ValueError(f"return_posterior must be True or False, got {return_posterior!r}")
     if return_posterior:
-        matrix = matrix.to(query_codes.device)
+        # in float32 on the engines, as their codes operators compute (the reference: the matrix's dtype)
+        matrix = matrix.to(query_codes.device, dtype=matrix.dtype if backend == "reference" else torch.float32)
         S = matrix[query_codes.long()[:, :, None], target_codes.long()[:, None, :]]
         with torch.no_grad():
             return soft_smith_waterman(S, gap, temperature, qlen, tlen, backend, gap_open=gap_open,
@@ -1669,7 +1674,9 @@ class SoftSmithWaterman(nn.Module):
 
     def extra_repr(self) -> str:
         def shown(value):
-            return f"{value.item():g}" if isinstance(value, torch.Tensor) else f"{value}"
+            if not isinstance(value, torch.Tensor):
+                return f"{value}"
+            return f"{value.item():g}" if value.numel() == 1 else f"tensor of shape {tuple(value.shape)}"
 
         extend = "" if self.gap_extend is None else f", gap_extend={shown(self.gap_extend)}"
         learned = [name for name in LEARNABLE if name in self._parameters or f"log_{name}" in self._parameters]

@@ -72,6 +72,7 @@ def soft_smith_waterman_reference(
     depends only on cells above and to its left, so that is the max of H over the same window.
     """
     B, M, N = score_matrix.shape
+    score_matrix = _padding_as_zero(score_matrix, query_lengths, target_lengths)
     # Cells are kept in lists, not written into a tensor in place: under torch.vmap a value batched by the
     # transform could not be written into a tensor created here, which is not.
     zero = score_matrix.new_zeros(B)
@@ -84,7 +85,36 @@ def soft_smith_waterman_reference(
             stack = torch.stack([torch.zeros_like(match), match, delete, insert], dim=-1)
             H[i][j] = _soft_max(stack, temperature)
     H = _outside_lengths(_table(H), query_lengths, target_lengths)
-    return H.reshape(B, (M + 1) * (N + 1)).max(dim=-1).values
+    return _best(H, score_matrix, gap, temperature)
+
+
+def _padding_as_zero(S: torch.Tensor, query_lengths, target_lengths) -> torch.Tensor:
+    """S with 0 at every cell outside its pair's window. No cell inside reads them, so the scores are the
+    same; but a NaN or an infinity there would reach every gradient through the soft maximum's backward
+    (0 times NaN), though padding is no part of the pair."""
+    if query_lengths is None and target_lengths is None:
+        return S
+    B, M, N = S.shape
+    q = torch.full((B,), M) if query_lengths is None else query_lengths
+    t = torch.full((B,), N) if target_lengths is None else target_lengths
+    rows = torch.arange(M, device=S.device).view(1, M, 1)
+    cols = torch.arange(N, device=S.device).view(1, 1, N)
+    inside = (rows < q.to(S.device).view(B, 1, 1)) & (cols < t.to(S.device).view(B, 1, 1))
+    return torch.where(inside, S, torch.zeros((), dtype=S.dtype, device=S.device))
+
+
+def _best(H: torch.Tensor, S: torch.Tensor, *values) -> torch.Tensor:
+    """The scores: the max of each pair's H. Where the pairs have no cells (M or N = 0) H is the border
+    alone, which no input reaches, so a 0 times each input is added: the scores stay 0, differentiable, with
+    zero gradients, as on the engines."""
+    B, M1, N1 = H.shape
+    scores = H.reshape(B, M1 * N1).max(dim=-1).values
+    if M1 == 1 or N1 == 1:
+        scores = scores + S.sum(dim=(1, 2))
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                scores = scores + 0 * value
+    return scores
 
 
 def _cells(border: torch.Tensor, M: int, N: int) -> list[list]:
@@ -124,6 +154,7 @@ def soft_smith_waterman_affine_reference(
     maximum, Gotoh's local alignment. gap_open is the score of a gap's first position, gap_extend of each
     further one. Lengths as in soft_smith_waterman_reference."""
     B, M, N = score_matrix.shape
+    score_matrix = _padding_as_zero(score_matrix, query_lengths, target_lengths)
     zero = score_matrix.new_zeros(B)
     never = score_matrix.new_full((B,), float("-inf"))
     H = _cells(zero, M, N)  # in lists, as in the linear loop
@@ -151,7 +182,7 @@ def soft_smith_waterman_affine_reference(
             Y[i][j] = smax(start, match[i - 1][j] + gap_open, Y[i - 1][j] + gap_extend, X[i - 1][j] + gap_open)
             H[i][j] = smax(zero, match[i][j], Y[i][j], X[i][j])
     H = _outside_lengths(_table(H), query_lengths, target_lengths)
-    return H.reshape(B, (M + 1) * (N + 1)).max(dim=-1).values
+    return _best(H, score_matrix, gap_open, gap_extend, temperature)
 
 
 class SoftSmithWatermanReference(nn.Module):

@@ -203,6 +203,8 @@ def test_lengths_accept_lists_and_int32(device):
     as_int32 = ssw(S, -1.0, 1.0, torch.tensor([2, 6, 4], dtype=torch.int32, device=device),
                    torch.tensor([7, 1, 5], dtype=torch.int32, device=device), backend=backend)
     assert torch.equal(as_int32, expected)
+    empty = torch.zeros(0, 6, 7, device=device)
+    assert ssw(empty, -1.0, 1.0, [], (), backend=backend).shape == (0,)  # an empty list is no float tensor
     strided = torch.tensor([2, 0, 6, 0, 4], device=device)[::2], torch.tensor([7, 1, 5], device=device)
     assert not strided[0].is_contiguous()
     assert torch.equal(ssw(S, -1.0, 1.0, *strided, backend=backend), expected)

@@ -22,6 +22,11 @@ from swcli.testing import (
 # The codes path (soft_smith_waterman_codes): scores looked up from uint8 codes and a K x K matrix
 
 
+def test_codes_function_is_public():
+    import swcli
+
+    assert swcli.soft_smith_waterman_codes is soft_smith_waterman_codes
+    assert "soft_smith_waterman_codes" in swcli.__all__
 
 
 @pytest.mark.parametrize("gap", [-1.0, -4.0])

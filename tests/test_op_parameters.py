@@ -403,6 +403,15 @@ def test_codes_posterior_equals_dense(affine):
     plain = soft_smith_waterman_codes(q, t, matrix, temperature=0.5, query_lengths=qlen, target_lengths=tlen,
                                             **gaps)
     torch.testing.assert_close(scores, plain, rtol=0, atol=1e-5)
+    # one dtype rule with or without the posterior: float32 on the engines, the matrix's on the reference
+    for dtype in (torch.float16, torch.float64):
+        for backend, expected in (("cpu", torch.float32), ("reference", dtype)):
+            kw = dict(temperature=0.5, query_lengths=qlen, target_lengths=tlen, backend=backend, **gaps)
+            alone = soft_smith_waterman_codes(q, t, matrix.to(dtype), **kw)
+            scores, posterior = soft_smith_waterman_codes(q, t, matrix.to(dtype), return_posterior=True, **kw)
+            assert alone.dtype == scores.dtype == posterior.dtype == expected
+            # (the reference's posterior call computes half precision in float32, as soft_smith_waterman does)
+            torch.testing.assert_close(scores, alone, rtol=0, atol=1e-2 if expected == torch.float16 else 1e-5)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -445,6 +454,9 @@ def test_learnable_names_and_temperature_setter():
         math.log(2.0))
     plain = swcli.SoftSmithWaterman()
     assert list(plain.parameters()) == [] and "learnable" not in repr(plain)
+    per_pair = swcli.SoftSmithWaterman(gap_open=torch.tensor([-1.0, -2.0]), temperature=torch.tensor([1.0, 0.5]))
+    assert repr(per_pair) == ("SoftSmithWaterman(gap_open=tensor of shape (2,), temperature=tensor of shape (2,), "
+                              "backend='auto')")
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -57,6 +57,20 @@ def test_zero_size_gives_zero(shape, t):
     assert torch.equal(out, torch.zeros(shape[0], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("affine_gaps", [False, True], ids=["linear", "affine"])
+@pytest.mark.parametrize("shape", [(2, 0, 4), (2, 3, 0)])
+def test_zero_size_is_differentiable_with_zero_gradients(shape, affine_gaps):
+    """No cells: the scores still depend on the inputs (each gradient 0), as on the engines, so a training
+    step on such a batch runs."""
+    S = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+    gap = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([1.0, 0.5], dtype=torch.float64, requires_grad=True)
+    out = affine(S, gap, -0.5, t) if affine_gaps else ref(S, gap, t)
+    grads = torch.autograd.grad(out.sum(), (S, gap, t))
+    assert torch.equal(out, torch.zeros(2, dtype=torch.float64))
+    assert grads[0].shape == shape and all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
 @pytest.mark.parametrize("t", [0.0, 1.0])
 def test_zero_lengths_give_zero(t):
     S = torch.full((3, 4, 5), 7.0, dtype=torch.float64)
@@ -167,6 +181,13 @@ def test_padding_outside_the_window_is_ignored(junk, t):
     out = ref(padded, -1.0, t, qlen, tlen)
     assert torch.isfinite(out).all()
     assert torch.equal(out, clean)
+    # nor the gradients: the padding's own are 0, the rest those of the clean matrix
+    for run in (lambda S: ref(S, -1.0, t, qlen, tlen), lambda S: affine(S, -2.0, -0.5, t, qlen, tlen)):
+        clean_S = S.clone().requires_grad_()
+        (expected,) = torch.autograd.grad(run(clean_S).sum(), clean_S)
+        junk_S = padded.clone().requires_grad_()
+        (got,) = torch.autograd.grad(run(junk_S).sum(), junk_S)
+        assert torch.equal(got, expected) and torch.equal(got[rows | cols], torch.zeros_like(got[rows | cols]))
 
 
 def test_nan_inside_the_window_poisons_that_pair_only():
