@@ -554,6 +554,7 @@ def makedb(
     substitution = load_matrix(matrix)
     if unknown_as is not None:
         substitution = _with_unknown_as(substitution, unknown_as)
+    database.check_new_folder(folder)
     _host.load()
     # The reading is most of the time: a bar over the file's bytes (records where it is stdin or a pipe).
     measure = InputBytes.of([fasta_path]) if _progress_shown(quiet) else None

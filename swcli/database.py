@@ -135,15 +135,28 @@ def build_from_blocks(blocks: Iterable[Records], matrix: SubstitutionMatrix, sou
                     matrix_name or matrix.name)
 
 
-def save(database: Database, folder: str | Path) -> None:
-    """Write the database into `folder` (created; an existing folder is refused, never overwritten)."""
+def check_new_folder(folder: str | Path) -> Path:
+    """The folder's parent, where makedb may create it: before the FASTA is read, so that a path that
+    cannot be written is an error at once, not after the whole database was encoded."""
     folder = Path(folder)
-    if folder.exists():
+    if folder.exists() or folder.is_symlink():
         raise DatabaseError(f"{folder}: already exists; makedb writes a new folder and replaces nothing")
     parent = folder.resolve().parent
     if not parent.is_dir():
         raise DatabaseError(f"{folder}: the folder {parent} does not exist")
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".part", dir=parent))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DatabaseError(f"{folder}: cannot create it (the folder {parent} is not writable for this user)")
+    return parent
+
+
+def save(database: Database, folder: str | Path) -> None:
+    """Write the database into `folder` (created; an existing folder is refused, never overwritten)."""
+    folder = Path(folder)
+    parent = check_new_folder(folder)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".part", dir=parent))
+    except OSError as exc:
+        raise DatabaseError(f"{folder}: cannot create it ({exc.strerror})") from None
     try:
         database.codes.astype("<u1").tofile(staging / "codes.u8")
         database.offsets.astype("<i8").tofile(staging / "offsets.i64")
@@ -154,6 +167,9 @@ def save(database: Database, folder: str | Path) -> None:
         (staging / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         os.chmod(staging, 0o755)
         os.rename(staging, folder)
+    except OSError as exc:  # a full disk, a folder made meanwhile at the same path
+        shutil.rmtree(staging, ignore_errors=True)
+        raise DatabaseError(f"{folder}: cannot write the database ({exc.strerror or exc})") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

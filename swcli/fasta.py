@@ -10,8 +10,9 @@ record. Text mode's newline handling is kept: "\\r\\n" and a lone "\\r" end a li
 
 Checked, with the file, the record number and the position in every message: text before the first
 '>' (a FASTQ file would otherwise read as zero records), an empty file, an empty sequence, a header
-with no id or with control characters other than tab (a NUL or an escape sequence would go into the
-TSV as it is; a tab separates words like a space, so an id never holds one), bytes that are not UTF-8.
+with no id or an id with control characters (a NUL or an escape sequence would go into the TSV as it
+is; a tab separates words like a space, so an id never holds one; the description is not read, so NCBI
+nr's Ctrl-A there is kept), bytes that are not UTF-8.
 A UTF-8 byte order mark at the start of the text (plain, gzip or stdin) is skipped.
 """
 
@@ -233,7 +234,7 @@ def _record_texts(handle, size: int, name: str) -> Iterator[memoryview]:
         buffer[end] = 10
         end += 1
     if not started:
-        raise FastaError(f"{name}: empty file, no FASTA records")
+        raise FastaError(f"{name}: no FASTA records (the file is empty or holds blank lines only)")
     if end:
         block = memoryview(buffer)[:end]
         yield block
@@ -255,8 +256,8 @@ def _skip_blank_lines(buffer: bytearray, end: int, name: str, line_number: int,
         text = _decode(bytes(buffer[skipped:stop]), name, f"line {line_number}")
         if text.strip():
             hint = " (this looks like FASTQ)" if text.startswith("@") else ""
-            raise FastaError(f"{name}: line {line_number}: expected a FASTA header starting with '>', "
-                             f"found {text.strip()[:30]!r}{hint}")
+            raise FastaError(f"{name}: line {line_number}: expected a FASTA header starting with '>' at the "
+                             f"line's first character, found {text.rstrip()[:30]!r}{hint}")
         skipped = stop + 1
     return skipped < end, line_number, min(skipped, end)
 
@@ -281,13 +282,16 @@ def _exact_record(text: bytes, name: str, number: int) -> tuple[str, str]:
     # The description is read by no one here, so a byte in another encoding there (a Latin-1 name) is
     # kept undecoded rather than refused; the identifier, which the output writes, must be UTF-8.
     title = data[1:header_end].decode("utf-8", "surrogateescape").rstrip()
-    control = HEADER_CONTROL.search(title)
-    if control is not None:
-        raise FastaError(f"{name}: record {number}: control character {control.group()!r} at position "
-                         f"{control.start() + 1} of the header (only tab is allowed there)")
     words = title.split(None, 1)
     if not words:
         raise FastaError(f"{name}: record {number}: header has no identifier")
+    # Only the identifier is checked for control characters: the output writes it, but not the description,
+    # where NCBI's nr joins the titles of merged entries with Ctrl-A.
+    control = HEADER_CONTROL.search(words[0])
+    if control is not None:
+        at = title.index(words[0]) + control.start()
+        raise FastaError(f"{name}: record {number}: control character {control.group()!r} at position "
+                         f"{at + 1} of the header, in its identifier")
     undecoded = re.search("[\udc80-\udcff]", words[0])
     if undecoded is not None:
         before = title[:title.index(words[0]) + undecoded.start()].encode("utf-8", "surrogateescape")

@@ -14,6 +14,9 @@
   as cp and the shell's `>` refuse it; root may write it, as with cp and `>`, and its mode is kept.
 - a symlink: followed to its final target, which is then written as above (the link stays a link).
 - a character or block device (/dev/null), a FIFO: opened and written directly, like stdout.
+- one of this process's open descriptors (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N): written
+  through that descriptor, as the shell's redirections write it: a pipe stays a pipe, and a file that
+  `>>` opened keeps its content and gets the rows at its end (reopening it by name would truncate it).
 - a folder, or a missing parent folder: an error.
 
 A temporary file left by a process that died without cleaning up (SIGKILL, a power loss) is removed by
@@ -148,6 +151,28 @@ def refuse_output_over_inputs(output: str | None, inputs) -> None:
             raise SwcliError(f"{output}: -o is the same file as {name}; the output would replace it")
 
 
+_DESCRIPTOR_FOLDERS = ("/dev/fd/", "/proc/self/fd/")
+
+
+def own_descriptor(path: str) -> int | None:
+    """The number of this process's descriptor that `path` names (/dev/stdout is a link to
+    /proc/self/fd/1), or None. The links are followed one at a time: their last one names a pipe or a
+    deleted file that no path reaches."""
+    current = os.path.abspath(path)
+    folders = (*_DESCRIPTOR_FOLDERS, f"/proc/{os.getpid()}/fd/")
+    for _ in range(40):  # as the kernel's limit on nested links
+        for folder in folders:
+            number = current[len(folder):] if current.startswith(folder) else ""
+            if number.isdigit():
+                return int(number)
+        try:
+            link = os.readlink(current)
+        except OSError:  # not a link (or missing): a plain path
+            return None
+        current = os.path.normpath(os.path.join(os.path.dirname(current), link))
+    return None
+
+
 def _error(path, why: str) -> SwcliError:
     return SwcliError(f"{path}: cannot write output ({why})")
 
@@ -161,6 +186,9 @@ class TsvWriter:
     """
 
     def __init__(self, path: str | None, header: bool = True, columns: tuple[str, ...] = COLUMNS):
+        self.descriptor = None if path in (None, "-", "") else own_descriptor(str(path))
+        if self.descriptor == 1:  # /dev/stdout: stdout itself, after what was printed before
+            path = "-"
         self.path = None if path in (None, "-") else Path(path)
         self.columns = columns
         self._given = "" if path is None else str(path)
@@ -183,6 +211,14 @@ class TsvWriter:
             self.mode, self._handle = "stdout", getattr(sys.stdout, "buffer", None) or _TextSink(sys.stdout)
             return self
         given = self.path
+        if self.descriptor is not None:
+            sys.stderr.flush()
+            try:
+                fd = os.dup(self.descriptor)
+            except OSError as exc:
+                raise _error(given, exc.strerror) from None
+            self.mode, self._handle = "direct", os.fdopen(fd, "wb")
+            return self
         if self._given == "":
             raise SwcliError("-o is an empty path: give it a file name, or - for stdout")
         if self._given.endswith(("/", os.sep)) and not os.path.isdir(given):

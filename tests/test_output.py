@@ -239,6 +239,31 @@ def test_a_full_device_is_one_error_not_a_traceback(tmp_path):
     assert done.stderr == "swcli: error: stdout: cannot write output (No space left on device)\n"
 
 
+def test_the_process_descriptors_are_written_through(tmp_path):
+    """-o /dev/stdout (or /dev/stderr, /dev/fd/N) writes into the open descriptor, as the shell's
+    redirections do: a pipe gets the rows, and a file opened by `>>` keeps what it held (reopening it by
+    its name would truncate it)."""
+    import subprocess
+    import sys
+
+    fasta = tmp_path / "pairs.fa"
+    fasta.write_text(">a\nMKVL\n>b\nMKIL\n")
+    run = [sys.executable, "-m", "swcli", "align", str(fasta), "--backend", "reference", "-t", "0"]
+    expected = "query\ttarget\tqlen\ttlen\tscore\na\tb\t4\t4\t17\n"  # BLOSUM62: M 5, K 5, V/I 3, L 4
+    piped = subprocess.run([*run, "-o", "/dev/stdout"], capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stdout == expected
+    log = tmp_path / "log.txt"
+    for name, fd in (("/dev/stdout", 1), ("/dev/stderr", 2), ("/dev/fd/1", 1), ("/proc/self/fd/2", 2)):
+        log.write_text("kept\n")
+        with open(log, "a") as appended:
+            streams = {"stdout": appended} if fd == 1 else {"stderr": appended, "stdout": subprocess.DEVNULL}
+            done = subprocess.run([*run, "-o", name], timeout=120, **streams)
+        assert done.returncode == 0 and log.read_text() == "kept\n" + expected, name
+    closed = subprocess.run([*run, "-o", "/dev/fd/9"], capture_output=True, text=True, timeout=120)
+    assert closed.returncode == 1 and closed.stderr == (
+        "swcli: error: /dev/fd/9: cannot write output (Bad file descriptor)\n") and closed.stdout == ""
+
+
 def test_a_character_device_is_written_directly(tmp_path):
     node = tmp_path / "null"
     try:

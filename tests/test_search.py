@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -429,6 +430,12 @@ def test_makedb_refuses_an_existing_folder_and_search_another_alphabet(search_fi
     (tmp_path / "taken").mkdir()
     code, out, err = cli(["makedb", db, str(tmp_path / "taken")], capsys)
     assert code == 1 and "already exists" in err and out == ""
+    code, out, err = cli(["makedb", db, str(tmp_path / "missing" / "db")], capsys)
+    assert code == 1 and err == f"swcli: error: {tmp_path}/missing/db: the folder {tmp_path}/missing does not exist\n"
+    if os.geteuid() != 0:  # root may write any folder
+        (tmp_path / "locked").mkdir(mode=0o500)
+        code, out, err = cli(["makedb", "/nonexistent.fa", str(tmp_path / "locked" / "db")], capsys)
+        assert code == 1 and "is not writable for this user" in err  # before the FASTA is read
     assert cli(["makedb", db, str(tmp_path / "prepared")], capsys)[0] == 0
     out_path = tmp_path / "hits.tsv"
     code, out, err = cli(["search", q, str(tmp_path / "prepared"), "-m", "NUC.4.4", "--unknown-as", "N",
