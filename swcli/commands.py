@@ -66,7 +66,7 @@ MatrixOpt = Annotated[str, typer.Option(
 # The gaps: --gap's None means "not given" (its default is -4, scoring.resolve_gaps), so that giving it
 # with an affine option can be refused.
 GapOpt = Annotated[Optional[float], typer.Option(
-    "--gap", max=0.0, show_default=False,
+    "--gap", show_default=False,  # its range: check_gap_options, which names NaN too
     help="Linear gap SCORE added per gap position (so negative; e.g. --gap -4). Equals Biopython's "
          "open_gap_score = extend_gap_score = GAP. Default -4, unless --gap-open/--gap-extend are given.")]
 GapOpenOpt = Annotated[Optional[float], typer.Option(
@@ -361,7 +361,7 @@ def align(
     """Score sequence pairs and write TSV: query, target, qlen, tlen, score (in input order), or the
     --format-output columns."""
     from swcli import _host, distributed
-    from swcli.output import chunk_rows
+    from swcli.output import chunk_rows, finite_scores
     from swcli.pipeline import Stats
 
     refuse_output_over_inputs(output, (("QUERIES", queries), ("TARGETS", targets), ("--matrix", matrix)))
@@ -378,7 +378,7 @@ def align(
     if formatter is not None:
         from swcli.details import chunk_detail_rows
 
-        rows_of = lambda chunk, scores: chunk_detail_rows(formatter, chunk, scores)  # noqa: E731
+        rows_of = lambda chunk, scores: chunk_detail_rows(formatter, chunk, finite_scores(chunk, scores))  # noqa: E731
     else:
         rows_of = chunk_rows
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
@@ -423,6 +423,12 @@ def _stdout_reader_may_leave():
         _reader_left()
 
 
+def _check_tolerance(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):  # click's own range check words a NaN as out of range
+        raise typer.BadParameter(f"{value} is not a finite number >= 0", param_hint="'--tolerance'")
+    return value
+
+
 @app.command()
 def verify(
     queries: QueriesArg,
@@ -436,7 +442,8 @@ def verify(
     backend: BackendOpt = Backend.auto,
     sample: Annotated[int, typer.Option("--sample", min=1, help="Pairs to check (drawn at random).")] = 10,
     tolerance: Annotated[float, typer.Option(
-        "--tolerance", min=0.0, help="Largest allowed |backend - reference| / max(1, |reference|).")] = 1e-4,
+        "--tolerance", callback=_check_tolerance,
+        help="Largest allowed |backend - reference| / max(1, |reference|).")] = 1e-4,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample.")] = 0,
     max_cells: Annotated[int, typer.Option(
         "--max-cells", min=1, help="Sample only pairs of at most this many cells (qlen x tlen): the "

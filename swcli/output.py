@@ -56,11 +56,31 @@ def format_score(value: float) -> str:
     return repr(value)  # unreachable: 9 digits always round-trip a float32
 
 
+def overflow_error(query: str, target: str, score: float) -> SwcliError:
+    """A score past float32's range: only a temperature or substitution scores near that range make one
+    (every option is checked to lie within it), and a row of inf would say nothing true."""
+    return SwcliError(f"query {query}, target {target}: the score is {score}, past float32's range; use a "
+                      "smaller temperature or smaller substitution scores")
+
+
+def finite_scores(chunk, scores):
+    """The scores of a fasta.PairChunk, each checked to be finite (overflow_error)."""
+    import numpy as np
+
+    finite = np.isfinite(np.asarray(scores))
+    if not finite.all():
+        k = int(np.flatnonzero(~finite)[0])
+        query, target = chunk.pair(k)
+        raise overflow_error(query.id, target.id, float(scores[k]))
+    return scores
+
+
 def chunk_rows(chunk, scores) -> bytes:
     """The TSV rows of a fasta.PairChunk and its scores, formatted in bulk (scores as format_score
-    writes them)."""
+    writes them); a score that is not finite is an error (finite_scores)."""
     from swcli import _host
 
+    scores = finite_scores(chunk, scores)
     q, t = chunk.queries, chunk.targets
     return _host.tsv_rows(q.ids, q.id_offsets, chunk.query_index, t.ids, t.id_offsets, chunk.target_index,
                           chunk.query_lengths, chunk.target_lengths, scores)

@@ -38,7 +38,8 @@ def check_temperature(value: float) -> float:
     """--temperature: a finite number >= 0. Raises typer.BadParameter (a usage error, exit 2); usable as
     the option's typer callback or called with the parsed value."""
     if not (_finite32(value) and value >= 0):
-        raise _bad_option("--temperature", value, "a finite number >= 0 (0 is hard Smith-Waterman)")
+        raise _bad_option("--temperature", value,
+                          "a finite number >= 0 within float32's range (0 is hard Smith-Waterman)")
     return value
 
 

@@ -708,7 +708,14 @@ class HitRows:
             self.background = InOrder()
 
     def put(self, query, codes: bytes, found: Hits) -> list:
-        """Queue one query's hits; returns the rows to write now (of this query, or the oldest queued)."""
+        """Queue one query's hits; returns the rows to write now (of this query, or the oldest queued). A
+        score that is not finite is an error (output.overflow_error)."""
+        finite = torch.isfinite(found.scores)
+        if not bool(finite.all()):
+            from swcli.output import overflow_error
+
+            k = int(torch.nonzero(~finite)[0])
+            raise overflow_error(query.id, self.db.ids[int(found.targets[k])], float(found.scores[k]))
         if self.background is not None:
             from swcli.details import hit_detail_rows
 

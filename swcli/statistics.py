@@ -231,20 +231,22 @@ class StatisticsUndefined(SwcliError):
     name, linear gaps given as affine ones), and the message names the setting as the current run gave it."""
 
     @classmethod
-    def of(cls, what: str, shortest: float, longest: float) -> StatisticsUndefined:
-        """The refusal for the setting named `what`, whose shortest and longest fifths of the random pairs
-        have these mean scores."""
+    def of(cls, what: str, shortest: float, longest: float, affine: bool) -> StatisticsUndefined:
+        """The refusal for the setting named `what` (with affine gaps or not), whose shortest and longest
+        fifths of the random pairs have these mean scores."""
+        remedy = ("more negative gap scores, or a matrix whose expected score on unrelated letters is negative"
+                  if affine else "affine gaps (e.g. --gap-open -12 --gap-extend -1) or a more negative --gap")
         refusal = cls(
             f"E-values are not defined for {what}: the best scores of unrelated random sequences grow with their "
             f"length itself (mean {shortest:.1f} for the shortest fifth of the random pairs, {longest:.1f} for the "
-            "longest), not its logarithm, so Karlin-Altschul statistics do not hold; use affine gaps (e.g. "
-            "--gap-open -12 --gap-extend -1) or a more negative --gap, or give --lambda and --k")
+            f"longest), not its logarithm, so Karlin-Altschul statistics do not hold; use {remedy}, or give "
+            "--lambda and --k")
         refusal.shortest, refusal.longest = shortest, longest
         return refusal
 
 
 def check_local(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: np.ndarray, lam: float, k: float,
-                what: str) -> None:
+                what: str, affine: bool = False) -> None:
     """Refuse a fit that does not describe the scores: in the shortest and in the longest fifth of the
     pairs, the mean score must be within 0.5 / lambda (a factor e^0.5 in E) of the fitted law's mean,
     (ln(K m n) + gamma) / lambda. Scores that grow with the length itself fail this (the longest pairs
@@ -255,7 +257,7 @@ def check_local(scores: np.ndarray, query_lengths: np.ndarray, target_lengths: n
     fifth = max(1, len(order) // 5)
     shortest, longest = order[:fifth], order[-fifth:]
     if max(abs(residual[shortest].mean()), abs(residual[longest].mean())) > 0.5:
-        raise StatisticsUndefined.of(what, float(scores[shortest].mean()), float(scores[longest].mean()))
+        raise StatisticsUndefined.of(what, float(scores[shortest].mean()), float(scores[longest].mean()), affine)
 
 
 def random_pairs(matrix, count: int, lengths: tuple[int, int], seed: int):
@@ -343,7 +345,7 @@ def estimate(settings, count: int = ESTIMATION_PAIRS, lengths: tuple[int, int] =
     step = lattice_step(settings.matrix, *_gaps(settings), settings.temperature)
     shifted = scores + step / 2
     check_local(shifted, query_lengths, target_lengths, *fit_gumbel(shifted, query_lengths, target_lengths),
-                setting_name(settings))
+                setting_name(settings), settings.gaps.gap_open is not None)
     lam, k, alpha, beta = fit_corrected(shifted, query_lengths, target_lengths, scores[:len(extents)], extents)
     return KarlinAltschul(lam, k, f"estimated from {count:,} random pairs of {lengths[0]} to {lengths[1]} residues",
                           alpha, beta)
@@ -372,7 +374,7 @@ def parameters(settings, lambda_: float | None = None, k: float | None = None, c
     path = cache_path(settings, count, lengths, seed)
     cached = _cached(path)
     if isinstance(cached, tuple):  # a kept refusal's mean scores: named as this run names the setting
-        raise StatisticsUndefined.of(setting_name(settings), *cached)
+        raise StatisticsUndefined.of(setting_name(settings), *cached, settings.gaps.gap_open is not None)
     if cached is not None:
         return cached
     print(f"swcli: estimating Karlin-Altschul lambda and K for {setting_name(settings)} from {count:,} random "

@@ -33,6 +33,7 @@ def test_bulk_rows_write_scores_as_format_score_does():
     # differ) and the non-finite values; the row layout around them is the writer's.
     import numpy as np
 
+    from swcli import _host
     from swcli.fasta import PairChunk, Records
     from swcli.output import chunk_rows
 
@@ -48,11 +49,21 @@ def test_bulk_rows_write_scores_as_format_score_does():
                   np.zeros(0, np.uint8), np.array([0, 3, 7, 7000, 1]))
     n = len(scores)
     chunk = PairChunk(ids, rng.integers(0, 2, n), ids, rng.integers(2, 4, n))
-    lines = chunk_rows(chunk, scores).decode().splitlines()
+    lines = _host.tsv_rows(ids.ids, ids.id_offsets, chunk.query_index, ids.ids, ids.id_offsets, chunk.target_index,
+                           chunk.query_lengths, chunk.target_lengths, scores).decode().splitlines()
     assert len(lines) == n
     for line, q, t, score in zip(lines, chunk.query_index, chunk.target_index, scores.tolist()):
         lengths = {0: 3, 1: 4, 2: 6993, 3: -6999}
         assert line == f"{ids.id(q)}\t{ids.id(t)}\t{lengths[q]}\t{lengths[t]}\t{format_score(score)}"
+    # the writer's rows are those, but a score that is not finite (an overflow) is an error naming its pair
+    finite = np.isfinite(scores)
+    kept = np.flatnonzero(finite)[:50]
+    some = PairChunk(ids, chunk.query_index[kept], ids, chunk.target_index[kept])
+    assert chunk_rows(some, scores[kept]).decode().splitlines() == [lines[k] for k in kept]
+    first = int(np.flatnonzero(~finite)[0])
+    with pytest.raises(SwcliError, match=rf"^query {ids.id(chunk.query_index[first])}, target "
+                                         rf"{ids.id(chunk.target_index[first])}: the score is (nan|-?inf), past"):
+        chunk_rows(chunk, scores)
 
 
 def test_tsv_to_file(tmp_path):

@@ -185,9 +185,13 @@ def test_a_cached_refusal_names_the_setting_as_the_current_run_gives_it(tmp_path
     with pytest.raises(statistics.StatisticsUndefined) as again:
         statistics.parameters(renamed, count=300)
     assert capsys.readouterr().err == ""  # from the cache, not estimated again
-    # the same message, means included, but for the setting as this run names it
-    assert str(again.value) == str(first.value).replace("BLOSUM62, linear gap -4, t = 0:",
-                                                        "my62.txt, affine gaps: open -4, extend -4, t = 0:")
+    # the same message, means included, but for the setting as this run names it (and its remedy)
+    linear_remedy = "affine gaps (e.g. --gap-open -12 --gap-extend -1) or a more negative --gap"
+    affine_remedy = "more negative gap scores, or a matrix whose expected score on unrelated letters is negative"
+    assert linear_remedy in str(first.value)
+    assert str(again.value) == str(first.value).replace(
+        "BLOSUM62, linear gap -4, t = 0:", "my62.txt, affine gaps: open -4, extend -4, t = 0:").replace(
+        linear_remedy, affine_remedy)
     assert "for my62.txt, affine gaps: open -4, extend -4, t = 0:" in str(again.value)
 
 
