@@ -581,6 +581,9 @@ def makedb(
         db = database.build_from_blocks(counted(read_blocks(fasta_path)), substitution, display_name(fasta_path),
                                         matrix_name)
     interrupt.check()
+    repeated = database.duplicate_ids(db)
+    if repeated is not None:
+        typer.echo(f"swcli: warning: {repeated}", err=True)
     database.save(db, folder)
     typer.echo(f"{folder}: {len(db):,} sequences, {db.residues:,} residues", err=True)
 

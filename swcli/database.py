@@ -135,6 +135,23 @@ def build_from_blocks(blocks: Iterable[Records], matrix: SubstitutionMatrix, sou
                     matrix_name or matrix.name)
 
 
+def duplicate_ids(database: Database) -> str | None:
+    """A warning where ids repeat (hits on them cannot be told apart in the output), else None: the
+    number of such ids and the first, with its first two record numbers."""
+    seen: dict[str, int] = {}
+    first, repeated = None, set()
+    for number, name in enumerate(database.ids, 1):
+        earlier = seen.setdefault(name, number)
+        if earlier != number:
+            repeated.add(name)
+            first = first or (name, earlier, number)
+    if first is None:
+        return None
+    name, a, b = first
+    return (f"{database.source}: {len(repeated):,} ids appear more than once ({name!r}: records {a} and {b}); "
+            "the output cannot tell their hits apart")
+
+
 def check_new_folder(folder: str | Path) -> Path:
     """The folder's parent, where makedb may create it: before the FASTA is read, so that a path that
     cannot be written is an error at once, not after the whole database was encoded."""

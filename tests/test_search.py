@@ -425,6 +425,18 @@ def test_makedb_then_search_equals_search_of_the_fasta(search_files, tmp_path, c
     assert code == 0 and from_folder == from_fasta
 
 
+def test_makedb_warns_of_repeated_ids(tmp_path, capsys):
+    fasta = tmp_path / "dup.fa"
+    fasta.write_text(">a\nMKV\n>b\nMKW\n>a\nMKL\n>c\nMK\n>b\nWW\n")
+    code, out, err = cli(["makedb", str(fasta), str(tmp_path / "db")], capsys)
+    assert code == 0 and out == "" and err.splitlines() == [
+        f"swcli: warning: {fasta}: 2 ids appear more than once ('a': records 1 and 3); the output cannot tell "
+        "their hits apart", f"{tmp_path / 'db'}: 5 sequences, 13 residues"]
+    fasta.write_text(">a\nMKV\n>b\nMKW\n")
+    code, out, err = cli(["makedb", str(fasta), str(tmp_path / "db2")], capsys)
+    assert code == 0 and "warning" not in err
+
+
 def test_makedb_refuses_an_existing_folder_and_search_another_alphabet(search_files, tmp_path, capsys):
     q, db = search_files
     (tmp_path / "taken").mkdir()
