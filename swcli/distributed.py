@@ -806,7 +806,8 @@ def align_rows(group: Group | None, chunks: Iterable, settings, rows_of, out, st
         return
     mine = (chunk for k, chunk in enumerate(chunks) if k % group.size == group.rank)
     failure = None
-    with closing(align_chunks(mine, settings, Stats())) as scored:
+    own = Stats()  # this rank's share: its pairs and cells are counted from every rank's below
+    with closing(align_chunks(mine, settings, own)) as scored:
         for round_ in count():
             rows, pairs, cells = None, 0, 0
             if failure is None:
@@ -831,6 +832,7 @@ def align_rows(group: Group | None, chunks: Iterable, settings, rows_of, out, st
                         out.write_bytes(part)
                     stats.pairs += round_pairs
                     stats.cells += round_cells
+                    stats.kernel_seconds = own.kernel_seconds  # rank 0's scoring calls, as --stats says
                     if on_chunk is not None:
                         on_chunk(stats)
                 except Exception as exc:  # said at the next round, which there always is

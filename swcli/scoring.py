@@ -64,8 +64,10 @@ def _usage_error(message: str):
 # without -gapopen and -gapextend (NCBI BLAST+, c++/src/algo/blast/core/blast_stat.c, the entry marked
 # BLAST_MATRIX_BEST in each matrix's table). A gap of length k costs G + k E there: as scores here,
 # --gap-open -(G + E) --gap-extend -E.
+# BLOSUM80 has none: Biopython's is the 1/3-bit matrix (blosum80_3.iij), BLAST's the 1/2-bit one, so
+# BLAST's 10/1 for it does not fit these scores (their random pairs' scores then grow with the length).
 BLAST_GAP_COSTS = {
-    "BLOSUM45": (14, 2), "BLOSUM50": (13, 2), "BLOSUM62": (11, 1), "BLOSUM80": (10, 1), "BLOSUM90": (10, 1),
+    "BLOSUM45": (14, 2), "BLOSUM50": (13, 2), "BLOSUM62": (11, 1), "BLOSUM90": (10, 1),
     "PAM30": (9, 1), "PAM70": (10, 1), "PAM250": (14, 2),
 }
 
@@ -122,7 +124,7 @@ def resolve_gaps(gap: float | None, gap_open: float | None, gap_extend: float | 
         if costs is None:
             which = f"matrix {matrix}" if matrix is not None else "a matrix file"
             raise _usage_error(f"{given} without {missing}: {which} has no BLAST default gap costs to take "
-                               f"{missing} from (BLOSUM45/50/62/80/90, PAM30/70/250 have); give both")
+                               f"{missing} from (BLOSUM45/50/62/90, PAM30/70/250 have); give both")
         existence, extension = costs
         if gap_extend is None:
             gap_extend = -float(extension)

@@ -32,8 +32,8 @@ them by maximum likelihood (K in closed form for each lambda, lambda by golden-s
 profile likelihood), the effective lengths from alpha and beta fitted to the hard alignments of the
 first CORRECTION_PAIRS pairs (kernels/host/traceback.cpp), refitting both in turn until they settle.
 Scores on a lattice (t = 0, integer matrix and gaps) are fitted at the middle of their step: P(S >= s)
-for an integer s is then the fitted law at s. For BLOSUM62 with BLAST's 11/1 this gives lambda 0.267,
-K 0.038, alpha 1.96, beta -34 (BLAST's table: 0.267, 0.041, 1.9, -30).
+for an integer s is then the fitted law at s. For BLOSUM62 with BLAST's 11/1 at t = 0 this gives lambda
+0.266, K 0.038, alpha 1.66, beta -26 (BLAST's table: 0.267, 0.041, 1.9, -30; docs/benchmarks/statistics.md).
 
 Some settings are not in the local regime at all: under BLOSUM62 with a linear gap of -4, the best
 scores of unrelated sequences grow in proportion to their length, not its logarithm, and no lambda and K

@@ -197,6 +197,21 @@ def test_gaps_from_the_options():
     assert Gaps(-4.0).describe() == "linear gap -4"
 
 
+def test_blast_defaults_only_for_blast_s_own_matrices():
+    """The default gap costs are BLAST's for its matrices: Biopython's matrix of each name must be BLAST's
+    (NCBI's A/A and W/W scores; its BLOSUM80 is 1/2-bit, 5 and 11, where Biopython's is 1/3-bit)."""
+    from swcli.scoring import BLAST_GAP_COSTS
+
+    ncbi = {"BLOSUM45": (5, 15), "BLOSUM50": (5, 15), "BLOSUM62": (4, 11), "BLOSUM90": (5, 11), "PAM30": (6, 13),
+            "PAM70": (5, 13), "PAM250": (2, 17)}
+    assert set(BLAST_GAP_COSTS) == set(ncbi)
+    for name, (aa, ww) in ncbi.items():
+        matrix = load_matrix(name)
+        assert (matrix.score("A", "A"), matrix.score("W", "W")) == (aa, ww), name
+    biopython_80 = load_matrix("BLOSUM80")
+    assert (biopython_80.score("A", "A"), biopython_80.score("W", "W")) == (7, 16)
+
+
 @pytest.mark.parametrize("gap, gap_open, gap_extend, matrix, message", [
     (-4.0, -12.0, None, "BLOSUM62", "--gap and --gap-open exclude each other"),
     (None, 0.5, -1.0, "BLOSUM62", "Invalid value for '--gap-open': 0.5 is not a finite gap score <= 0"),
@@ -204,6 +219,7 @@ def test_gaps_from_the_options():
     (None, -1.0, -2.0, "BLOSUM62", "-1.0 is not <= --gap-extend -2"),
     (None, -12.0, None, "NUC.4.4", "matrix NUC.4.4 has no BLAST default gap costs"),
     (None, None, -1.0, None, "a matrix file has no BLAST default gap costs"),
+    (None, -11.0, None, "BLOSUM80", "matrix BLOSUM80 has no BLAST default gap costs"),  # not BLAST's scale
 ])
 def test_bad_gap_options_are_usage_errors(gap, gap_open, gap_extend, matrix, message):
     import typer
