@@ -54,6 +54,7 @@ import os
 import pickle
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack, closing, contextmanager
@@ -444,7 +445,7 @@ def start(inputs: Iterable[str | None] = (), mode: str = "auto", quiet: bool = F
         if cuda and local_rank < torch.cuda.device_count():
             torch.cuda.set_device(local_rank)  # before anything touches a GPU: this rank's own
         try:
-            dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout))
+            _join("cpu:gloo,cuda:nccl" if cuda else "gloo", timeout)
         except Exception as exc:  # a rendezvous that fails or times out
             raise SwcliError(f"rank {rank}: cannot join the other processes (torch.distributed: "
                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
@@ -468,6 +469,27 @@ def start(inputs: Iterable[str | None] = (), mode: str = "auto", quiet: bool = F
         if "-" in inputs:
             raise SwcliError("with several processes (torchrun) every rank reads the inputs: give files, not stdin ('-')")
     return _group
+
+
+def _join(backend: str, timeout: float) -> None:
+    """dist.init_process_group, in a thread while this one polls: the rendezvous waits for the other ranks
+    inside C++, where no Python signal handler runs, so Ctrl-C or SIGTERM on a rank whose peers have not
+    started would wait for the timeout (30 min); handled here, they end the run at once (interrupt)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        except BaseException as exc:
+            failure.append(exc)
+
+    joining = threading.Thread(target=run, name="swcli-join", daemon=True)
+    joining.start()
+    while joining.is_alive():
+        joining.join(0.1)
+        interrupt.check()
+    if failure:
+        raise failure[0]
 
 
 def leave() -> None:

@@ -645,6 +645,41 @@ def by_hand(argv, cwd, env=None, hung=(), size=2):
     return outcomes
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_ends_a_rank_waiting_for_the_others_to_join(files, tmp_path, signal_name):
+    """Rank 0 alone, its peer never started: the rendezvous waits in C++, where no Python handler runs;
+    Ctrl-C or SIGTERM there still ends the run at once, exit 130, one line, no output file."""
+    import signal
+    import time
+
+    _, paths = files
+    port = free_port()
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "SWCLI_DISTRIBUTED_TIMEOUT": "120",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-m", "swcli", *search_argv(paths, "-o", "hits.tsv")], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # rank 0 holds the store: its port opens once it waits in the join
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.2)
+        else:
+            pytest.fail("rank 0 never opened its store")
+        time.sleep(1.0)
+        process.send_signal(getattr(signal, signal_name))
+        out, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert (process.returncode, out, err) == (130, "", "swcli: interrupted\n")
+    assert os.listdir(tmp_path) == []
+
+
 def search_argv(paths, *extra):
     return ["search", paths["q"], paths["db"], "-t", "1", "--backend", "cpu", *extra]
 
