@@ -539,7 +539,11 @@ def _work(cells: int, seconds: float) -> str:
 
 def _ranks(group) -> str:
     """What --stats adds for a run of several ranks: the scoring calls above are rank 0's, on its share."""
-    return "" if group is None else f"; {group.size} ranks, the scoring calls rank 0's, on its share"
+    if group is None:
+        return ""
+    if group.size == 1:  # --distributed on with one rank
+        return "; 1 rank"
+    return f"; {group.size} ranks, the scoring calls rank 0's, on its share"
 
 
 @app.command()

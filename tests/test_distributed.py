@@ -324,6 +324,14 @@ def test_a_group_that_broke_is_not_used_again(monkeypatch):
     assert distributed.left_broken() and distributed.finish(KeyError("x")).args == ("x",)  # no command ran
 
 
+def test_stats_name_the_ranks():
+    from swcli.commands import _ranks
+
+    assert _ranks(None) == ""
+    assert _ranks(distributed.Group(0, 1, 0, 60.0)) == "; 1 rank"
+    assert _ranks(distributed.Group(0, 3, 0, 60.0)) == "; 3 ranks, the scoring calls rank 0's, on its share"
+
+
 def test_failures_are_reported_with_their_exit_code():
     import typer
 
