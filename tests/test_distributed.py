@@ -488,8 +488,6 @@ def test_stats_are_rank_0s_and_count_every_ranks_work(ranks, files, capsys, tmp_
                        for text in (err, first["stderr"]))
     assert together == alone.rstrip("\n") + "; 2 ranks, the scoring calls rank 0's, on its share\n"
     assert "TIMES" in alone and alone.startswith("swcli: ")
-    # rank 0 did score its share: its calls took time
-    assert float(re.search(r"scoring calls ([\d.]+) s", first["stderr"]).group(1)) > 0
 
 
 @pytest.mark.parametrize("name, rank, message", [
