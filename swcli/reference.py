@@ -94,13 +94,20 @@ def _padding_as_zero(S: torch.Tensor, query_lengths, target_lengths) -> torch.Te
     (0 times NaN), though padding is no part of the pair."""
     if query_lengths is None and target_lengths is None:
         return S
-    B, M, N = S.shape
-    q = torch.full((B,), M) if query_lengths is None else query_lengths
-    t = torch.full((B,), N) if target_lengths is None else target_lengths
-    rows = torch.arange(M, device=S.device).view(1, M, 1)
-    cols = torch.arange(N, device=S.device).view(1, 1, N)
-    inside = (rows < q.to(S.device).view(B, 1, 1)) & (cols < t.to(S.device).view(B, 1, 1))
+    inside = _window(S.shape, query_lengths, target_lengths, S.device, border=0)
     return torch.where(inside, S, torch.zeros((), dtype=S.dtype, device=S.device))
+
+
+def _window(shape, query_lengths, target_lengths, device, border: int) -> torch.Tensor:
+    """(B, rows, cols) bools: True where row i and column j lie within pair b's window of qlen + border
+    rows and tlen + border columns (border 1: a table of H with its zero row and column; a length None:
+    every row, or every column)."""
+    B, rows, cols = shape
+    q = torch.full((B,), rows - border) if query_lengths is None else query_lengths
+    t = torch.full((B,), cols - border) if target_lengths is None else target_lengths
+    i = torch.arange(rows, device=device).view(1, rows, 1)
+    j = torch.arange(cols, device=device).view(1, 1, cols)
+    return (i < q.to(device).view(B, 1, 1) + border) & (j < t.to(device).view(B, 1, 1) + border)
 
 
 def _best(H: torch.Tensor, S: torch.Tensor, *values) -> torch.Tensor:
@@ -131,15 +138,9 @@ def _table(cells: list[list[torch.Tensor]]) -> torch.Tensor:
 def _outside_lengths(H: torch.Tensor, query_lengths, target_lengths) -> torch.Tensor:
     """H (B, M+1, N+1) with -inf at every cell outside its pair's (qlen, tlen) window. A cell depends only
     on cells above and to its left, so the max over the rest is pair b's score on S[b, :qlen, :tlen]."""
-    B, M1, N1 = H.shape
     if query_lengths is None and target_lengths is None:
         return H
-    rows = torch.arange(M1, device=H.device).view(1, M1, 1)
-    cols = torch.arange(N1, device=H.device).view(1, 1, N1)
-    q = torch.full((B,), M1 - 1) if query_lengths is None else query_lengths
-    t = torch.full((B,), N1 - 1) if target_lengths is None else target_lengths
-    inside = (rows <= q.to(H.device).view(B, 1, 1)) & (cols <= t.to(H.device).view(B, 1, 1))
-    return H.masked_fill(~inside, float("-inf"))
+    return H.masked_fill(~_window(H.shape, query_lengths, target_lengths, H.device, border=1), float("-inf"))
 
 
 def soft_smith_waterman_affine_reference(

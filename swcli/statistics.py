@@ -345,7 +345,7 @@ def estimate(settings, count: int = ESTIMATION_PAIRS, lengths: tuple[int, int] =
     step = lattice_step(settings.matrix, *_gaps(settings), settings.temperature)
     shifted = scores + step / 2
     check_local(shifted, query_lengths, target_lengths, *fit_gumbel(shifted, query_lengths, target_lengths),
-                setting_name(settings), settings.gaps.gap_open is not None)
+                setting_name(settings), settings.gaps.affine)
     lam, k, alpha, beta = fit_corrected(shifted, query_lengths, target_lengths, scores[:len(extents)], extents)
     return KarlinAltschul(lam, k, f"estimated from {count:,} random pairs of {lengths[0]} to {lengths[1]} residues",
                           alpha, beta)
@@ -374,7 +374,7 @@ def parameters(settings, lambda_: float | None = None, k: float | None = None, c
     path = cache_path(settings, count, lengths, seed)
     cached = _cached(path)
     if isinstance(cached, tuple):  # a kept refusal's mean scores: named as this run names the setting
-        raise StatisticsUndefined.of(setting_name(settings), *cached, settings.gaps.gap_open is not None)
+        raise StatisticsUndefined.of(setting_name(settings), *cached, settings.gaps.affine)
     if cached is not None:
         return cached
     print(f"swcli: estimating Karlin-Altschul lambda and K for {setting_name(settings)} from {count:,} random "
