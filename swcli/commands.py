@@ -507,7 +507,12 @@ def search(
     from swcli.search import check_inputs, run_search
 
     check_inputs(queries, database)
-    refuse_output_over_inputs(output, (("QUERIES", queries), ("DATABASE", database), ("--matrix", matrix)))
+    inputs = [("QUERIES", queries), ("DATABASE", database), ("--matrix", matrix)]
+    if os.path.isdir(database):  # a makedb folder: -o must not name one of its files either
+        from swcli.database import FILES
+
+        inputs += [(f"DATABASE's {name}", os.path.join(database, name)) for name in FILES]
+    refuse_output_over_inputs(output, inputs)
     columns = _columns(format_output, lambda_, k, alpha, beta, rank)
     group = distributed.start((queries, database), distributed_.value, quiet)  # None unless started by torchrun
     quiet = quiet or not distributed.is_leader(group)
@@ -522,7 +527,8 @@ def search(
     try:
         done = run(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
                    progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter,
-                   rank=statistics if rank is Rank.evalue else None)
+                   rank=statistics if rank is Rank.evalue else None,
+                   warn=lambda text: typer.echo(f"swcli: warning: {text}", err=True))
     except BrokenPipeError:
         _reader_left()
     if stats_ and distributed.is_leader(group):

@@ -148,19 +148,27 @@ def duplicate_ids(database: Database) -> str | None:
     if first is None:
         return None
     name, a, b = first
-    return (f"{database.source}: {len(repeated):,} ids appear more than once ({name!r}: records {a} and {b}); "
+    count = f"{len(repeated):,} ids appear" if len(repeated) > 1 else "1 id appears"
+    return (f"{database.source}: {count} more than once ({name!r}: records {a} and {b}); "
             "the output cannot tell their hits apart")
 
 
 def check_new_folder(folder: str | Path) -> Path:
     """The folder's parent, where makedb may create it: before the FASTA is read, so that a path that
     cannot be written is an error at once, not after the whole database was encoded."""
+    if not str(folder).strip():
+        raise DatabaseError("FOLDER is empty: give the path of the new folder")
     folder = Path(folder)
-    if folder.exists() or folder.is_symlink():
+    try:
+        taken = folder.exists() or folder.is_symlink()
+    except OSError as exc:  # a folder above it that this user cannot search
+        raise DatabaseError(f"{folder}: cannot create it ({exc.strerror or exc})") from None
+    if taken:
         raise DatabaseError(f"{folder}: already exists; makedb writes a new folder and replaces nothing")
     parent = folder.resolve().parent
     if not parent.is_dir():
-        raise DatabaseError(f"{folder}: the folder {parent} does not exist")
+        found = "is not a folder" if parent.exists() else "does not exist"
+        raise DatabaseError(f"{folder}: {parent} {found}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise DatabaseError(f"{folder}: cannot create it (the folder {parent} is not writable for this user)")
     return parent
@@ -175,9 +183,9 @@ def save(database: Database, folder: str | Path) -> None:
     except OSError as exc:
         raise DatabaseError(f"{folder}: cannot create it ({exc.strerror})") from None
     try:
-        database.codes.astype("<u1").tofile(staging / "codes.u8")
-        database.offsets.astype("<i8").tofile(staging / "offsets.i64")
-        database.index.astype("<i8").tofile(staging / "index.i64")
+        _write_array(staging / "codes.u8", database.codes, "<u1")
+        _write_array(staging / "offsets.i64", database.offsets, "<i8")
+        _write_array(staging / "index.i64", database.index, "<i8")
         (staging / "ids.txt").write_text("".join(f"{i}\n" for i in database.ids), encoding="utf-8")
         meta = {"format": FORMAT, "alphabet": database.alphabet, "matrix": database.matrix,
                 "sequences": len(database), "residues": database.residues, "source": database.source}
@@ -192,20 +200,36 @@ def save(database: Database, folder: str | Path) -> None:
         raise
 
 
+def _write_array(path: Path, array: np.ndarray, dtype: str) -> None:
+    # Through a file object rather than ndarray.tofile, whose short write on a full disk is an OSError
+    # without its errno ("N requested and M written"), not "No space left on device".
+    with open(path, "wb") as out:
+        out.write(memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B"))
+
+
 def is_prepared(path: str | Path) -> bool:
     """Whether `path` is a folder prepared by makedb (rather than a FASTA file)."""
-    return (Path(path) / "meta.json").is_file()
+    try:
+        return (Path(path) / "meta.json").is_file()
+    except OSError as exc:  # a folder this user cannot search, or one above it
+        raise DatabaseError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def load(folder: str | Path) -> Database:
     """A prepared database, its arrays memory-mapped; every inconsistency is a DatabaseError."""
-    folder = Path(folder)
+    try:
+        return _load(Path(folder))
+    except OSError as exc:  # a file this user cannot read, a folder it cannot search
+        raise DatabaseError(f"{exc.filename or folder}: cannot read ({exc.strerror or exc})") from None
+
+
+def _load(folder: Path) -> Database:
     missing = [name for name in FILES if not (folder / name).is_file()]
     if missing:
         raise DatabaseError(f"{folder}: not a complete swcli database (missing {', '.join(missing)})")
     try:
         meta = json.loads((folder / "meta.json").read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise DatabaseError(f"{folder}/meta.json: unreadable ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DatabaseError(f"{folder}: format {meta.get('format') if isinstance(meta, dict) else None!r}, "
@@ -226,12 +250,17 @@ def load(folder: str | Path) -> Database:
         line = raw_ids.count(b"\n", 0, exc.start) + 1
         raise DatabaseError(
             f"{folder}/ids.txt: line {line} (the id of record {line}) is not UTF-8 (byte 0x{raw_ids[exc.start]:02x} "
-            f"at offset {exc.start}); ids written under another locale's encoding: rebuild the folder with swcli "
-            "makedb, which writes UTF-8") from None
+            f"at offset {exc.start}): a damaged file, or ids in a locale's encoding from an older swcli; rebuild "
+            "the folder with swcli makedb, which writes UTF-8") from None
+    if len(ids) != count:
+        raise DatabaseError(f"{folder}/ids.txt: {len(ids):,} lines, but meta.json counts {count:,} sequences; "
+                            "prepare it again")
     lengths = np.diff(offsets)
-    if (len(ids) != count or offsets[0] != 0 or offsets[-1] != residues or np.any(lengths < 1)
-            or np.any(lengths[1:] > lengths[:-1]) or not np.array_equal(np.sort(index), np.arange(count))):
-        raise DatabaseError(f"{folder}: its files disagree (ids, offsets, index); prepare it again")
+    if offsets[0] != 0 or offsets[-1] != residues or np.any(lengths < 1) or np.any(lengths[1:] > lengths[:-1]):
+        raise DatabaseError(f"{folder}/offsets.i64: not the bounds of {count:,} sequences of decreasing length "
+                            f"from 0 to the {residues:,} residues of meta.json; prepare it again")
+    if not np.array_equal(np.sort(index), np.arange(count)):
+        raise DatabaseError(f"{folder}/index.i64: not an order of the {count:,} sequences; prepare it again")
     if not all(ids):
         raise DatabaseError(f"{folder}/ids.txt: line {ids.index('') + 1} is empty; prepare it again")
     # Codes past the alphabet would index past the matrix: one pass over the (memory-mapped) codes.

@@ -24,7 +24,6 @@ import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -162,15 +161,14 @@ def open_binary(path: str):
     """A buffered binary handle on a file or stdin, with clear errors for missing files and folders."""
     if path == STDIN:
         return sys.stdin.buffer
-    p = Path(path)
-    if p.is_dir():
-        raise FastaError(f"{path}: is a directory, not a FASTA file")
     try:
-        return open(p, "rb")
+        return open(path, "rb")
     except FileNotFoundError:
         raise FastaError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise FastaError(f"{path}: cannot open ({exc.strerror})") from None
+    except IsADirectoryError:
+        raise FastaError(f"{path}: is a directory, not a FASTA file") from None
+    except OSError as exc:  # permission denied (on the file or a folder above it), ...
+        raise FastaError(f"{path}: cannot open ({exc.strerror or exc})") from None
 
 
 def _decompressed(raw) -> object:

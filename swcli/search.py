@@ -787,31 +787,38 @@ def check_inputs(queries: str, database: str) -> None:
         raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and DATABASE as -")
 
 
-def read_inputs(queries: str, database: str, settings) -> tuple[list, list[bytes], Database]:
-    """The query records and their codes (every letter checked, before any output), and the database."""
+def read_inputs(queries: str, database: str, settings, warn=None) -> tuple[list, list[bytes], Database]:
+    """The query records and their codes (every letter checked, before any output), and the database.
+    warn(text), if given, hears of database ids that repeat (their hits cannot be told apart)."""
+    from swcli import database as databases
     from swcli.fasta import read_fasta
 
     records = list(read_fasta(queries))  # the queries are few: all checked before any output
     codes = [settings.matrix.encode(record.sequence, record.where) for record in records]
-    return records, codes, open_database(database, settings.matrix)
+    db = open_database(database, settings.matrix)
+    repeated = databases.duplicate_ids(db) if warn is not None else None
+    if repeated is not None:
+        warn(repeated)
+    return records, codes, db
 
 
 def run_search(queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
                header: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, progress=None,
-               formatter=None, rank=None) -> SearchStats:
+               formatter=None, rank=None, warn=None) -> SearchStats:
     """`swcli search` as a function: read and check the queries, open the database (a FASTA file or a
     makedb folder), search, write the TSV to `output` (None: stdout). settings: the pipeline's Settings,
     its engine already loaded, so that start-up stays out of the returned SearchStats (seconds run from
     the queries' reading to the output's completion). progress(total), if given, makes the bar.
     formatter: a details.Formatter for other columns than the default ones (computed for the hits only);
-    rank: a statistics.KarlinAltschul to keep and write each query's hits by E-value (None: by score)."""
+    rank: a statistics.KarlinAltschul to keep and write each query's hits by E-value (None: by score).
+    warn(text): told of the database's repeated ids (read_inputs)."""
     from contextlib import nullcontext
 
     from swcli.output import COLUMNS, TsvWriter
 
     check_inputs(queries, database)
     stats = SearchStats()
-    records, codes, db = read_inputs(queries, database, settings)
+    records, codes, db = read_inputs(queries, database, settings, warn)
     stats.total = len(records)
     interrupt.check()
     columns = formatter.columns if formatter is not None else COLUMNS

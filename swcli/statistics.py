@@ -114,7 +114,8 @@ class KarlinAltschul:
         """ln(searched K m' n'): the E-value is exp(log_space - lambda S) (-inf for a length 0: E = 0)."""
         m, n = self.lengths(query_lengths, target_lengths)
         with np.errstate(divide="ignore"):
-            return math.log(searched * self.k) + np.log(m) + np.log(n)
+            space = math.log(searched * self.k) if searched > 0 else -math.inf  # nothing searched: E = 0
+            return space + np.log(m) + np.log(n)
 
     def evalues(self, scores, query_lengths, target_lengths, searched: int = 1) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float64)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,12 +117,19 @@ def _edit_offsets(folder, k: int, take_from: int) -> None:
     offsets.tofile(folder / "offsets.i64")
 
 
+def _edit_index(folder, k: int, take_from: int) -> None:
+    index = np.fromfile(folder / "index.i64", dtype="<i8")
+    index[k] = index[take_from]
+    index.tofile(folder / "index.i64")
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda f: (f / "codes.u8").unlink(), r"missing codes\.u8"),
     (lambda f: (f / "codes.u8").write_bytes(b"\x00"), r"codes\.u8: 1 bytes, expected"),
     (lambda f: (f / "meta.json").write_text("{"), r"meta\.json: unreadable"),
     (lambda f: (f / "meta.json").write_text('{"format": "other"}'), r"format 'other'"),
-    (lambda f: (f / "ids.txt").write_text("a\n"), "its files disagree"),
+    (lambda f: (f / "ids.txt").write_text("a\n"), r"ids\.txt: 1 lines, but meta\.json counts 5 sequences"),
+    (lambda f: (f / "meta.json").write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}"), r"meta\.json: unreadable"),
     (lambda f: _edit_bytes(f / "codes.u8", 3, 255), r"codes\.u8: byte 3 is code 255, past the 24 letters"),
     (lambda f: _edit_meta(f, sequences=None), r"meta\.json: sequences None, residues \d+"),
     (lambda f: _edit_meta(f, sequences="abc"), r"meta\.json: sequences 'abc'"),
@@ -128,8 +138,9 @@ def _edit_offsets(folder, k: int, take_from: int) -> None:
     (lambda f: (f / "ids.txt").write_bytes((f / "ids.txt").read_bytes() + b"\xff"),
      r"ids\.txt: line 6 \(the id of record 6\) is not UTF-8 \(byte 0xff at offset 15\)"),
     (lambda f: (f / "ids.txt").write_text("s0\n\ns2\ns3\ns4\n"), r"ids\.txt: line 2 is empty"),
-    (lambda f: _edit_offsets(f, 1, 0), "its files disagree"),  # the first sequence emptied
-    (lambda f: _edit_offsets(f, 3, 1), "its files disagree"),  # out of the length order
+    (lambda f: _edit_offsets(f, 1, 0), r"offsets\.i64: not the bounds of 5 sequences"),  # the first one emptied
+    (lambda f: _edit_offsets(f, 3, 1), r"offsets\.i64: not the bounds of 5 sequences"),  # out of the length order
+    (lambda f: _edit_index(f, 0, 1), r"index\.i64: not an order of the 5 sequences"),
 ])
 def test_damaged_folders_are_refused(tmp_path, damage, message):
     database.save(database.build(records(5, seed=5), BLOSUM62, "db.fa"), tmp_path / "db")
@@ -168,9 +179,9 @@ def test_ids_in_another_encoding_are_refused_with_the_line_byte_and_the_fix(tmp_
     with pytest.raises(DatabaseError) as refused:
         database.load(tmp_path / "db")
     message = str(refused.value)
-    assert message == (f"{tmp_path / 'db'}/ids.txt: line 2 (the id of record 2) is not UTF-8 (byte 0xe9 at offset 6); "
-                       "ids written under another locale's encoding: rebuild the folder with swcli makedb, which "
-                       "writes UTF-8")
+    assert message == (f"{tmp_path / 'db'}/ids.txt: line 2 (the id of record 2) is not UTF-8 (byte 0xe9 at offset 6): "
+                       "a damaged file, or ids in a locale's encoding from an older swcli; rebuild the folder with "
+                       "swcli makedb, which writes UTF-8")
 
 
 def _matrix_file(path) -> str:
@@ -229,3 +240,58 @@ def test_the_makedb_hint_names_the_search_matrix_only_where_it_loads(tmp_path, m
     monkeypatch.chdir(tmp_path / "m")
     with pytest.raises(DatabaseError, match=r"\(swcli makedb --matrix nuc\.mat\)"):
         db.check_alphabet(load_matrix("nuc.mat"))
+
+
+def test_unreadable_files_and_folders_are_one_line_errors(tmp_path, monkeypatch):
+    """Permission denied (simulated: the tests may run as root) on a file of the folder or on the folder."""
+    database.save(database.build(records(3, seed=9), BLOSUM62, "db.fa"), tmp_path / "db")
+    read_bytes, is_file = Path.read_bytes, Path.is_file
+
+    def denied_ids(self):
+        if self.name == "ids.txt":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied_ids)
+    with pytest.raises(DatabaseError, match=rf"^{tmp_path}/db/ids\.txt: cannot read \(Permission denied\)$"):
+        database.load(tmp_path / "db")
+
+    def denied_folder(self):
+        if self.parent.name == "db":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", denied_folder)
+    with pytest.raises(DatabaseError, match=rf"^{tmp_path}/db: cannot read \(Permission denied\)$"):
+        database.is_prepared(tmp_path / "db")
+
+
+def test_a_full_disk_is_named_and_leaves_nothing(tmp_path, monkeypatch):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    with pytest.raises(OSError) as full:
+        database._write_array(Path("/dev/full"), np.arange(1000), "<i8")
+    assert full.value.errno == errno.ENOSPC
+
+    def write_array(path, array, dtype):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(database, "_write_array", write_array)
+    with pytest.raises(DatabaseError, match=r"db: cannot write the database \(No space left on device\)$"):
+        database.save(database.build(records(3, seed=10), BLOSUM62, "db.fa"), tmp_path / "db")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unreadable_fasta_or_a_folder_given_as_fasta_is_one_line(tmp_path, monkeypatch):
+    from swcli import fasta
+    from swcli.errors import FastaError
+
+    with pytest.raises(FastaError, match=rf"^{tmp_path}: is a directory, not a FASTA file$"):
+        fasta.open_binary(str(tmp_path))
+
+    def denied(path, mode):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(fasta, "open", denied, raising=False)
+    with pytest.raises(FastaError, match=r"^locked/q\.fa: cannot open \(Permission denied\)$"):
+        fasta.open_binary("locked/q.fa")

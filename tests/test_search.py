@@ -437,13 +437,46 @@ def test_makedb_warns_of_repeated_ids(tmp_path, capsys):
     assert code == 0 and "warning" not in err
 
 
+@pytest.mark.parametrize("prepared", [False, True])
+def test_search_warns_of_repeated_database_ids(tmp_path, capsys, prepared):
+    fasta = tmp_path / "dup.fa"
+    fasta.write_text(">a\nMKV\n>b\nMKW\n>a\nMKL\n")
+    (tmp_path / "q.fa").write_text(">q\nMKV\n")
+    database = str(fasta)
+    if prepared:
+        database = str(tmp_path / "db")
+        assert cli(["makedb", str(fasta), database, "-q"], capsys)[0] == 0
+    code, out, err = cli(["search", str(tmp_path / "q.fa"), database, "--backend", "cpu", "-q"], capsys)
+    assert code == 0 and len(out.splitlines()) == 4 and err == (
+        f"swcli: warning: {database}: 1 id appears more than once ('a': records 1 and 3); the output cannot tell "
+        "their hits apart\n")
+
+
+@pytest.mark.parametrize("name", database.FILES)
+def test_search_refuses_an_output_over_a_file_of_its_database_folder(search_files, tmp_path, capsys, name):
+    q, db = search_files
+    folder = tmp_path / "db"
+    assert cli(["makedb", db, str(folder), "-q"], capsys)[0] == 0
+    kept = (folder / name).read_bytes()
+    (tmp_path / "link.tsv").symlink_to(folder / name)
+    for output in (str(folder / name), str(tmp_path / "link.tsv")):
+        code, out, err = cli(["search", q, str(folder), "--backend", "cpu", "-o", output], capsys)
+        assert code == 1 and out == "" and err == (
+            f"swcli: error: {output}: -o is the same file as DATABASE's {name}; the output would replace it\n")
+    assert (folder / name).read_bytes() == kept and len(database.load(folder)) == 43
+
+
 def test_makedb_refuses_an_existing_folder_and_search_another_alphabet(search_files, tmp_path, capsys):
     q, db = search_files
     (tmp_path / "taken").mkdir()
     code, out, err = cli(["makedb", db, str(tmp_path / "taken")], capsys)
     assert code == 1 and "already exists" in err and out == ""
     code, out, err = cli(["makedb", db, str(tmp_path / "missing" / "db")], capsys)
-    assert code == 1 and err == f"swcli: error: {tmp_path}/missing/db: the folder {tmp_path}/missing does not exist\n"
+    assert code == 1 and err == f"swcli: error: {tmp_path}/missing/db: {tmp_path}/missing does not exist\n"
+    code, out, err = cli(["makedb", db, f"{db}/db"], capsys)
+    assert code == 1 and err == f"swcli: error: {db}/db: {db} is not a folder\n"
+    code, out, err = cli(["makedb", db, ""], capsys)
+    assert code == 1 and err == "swcli: error: FOLDER is empty: give the path of the new folder\n"
     if os.geteuid() != 0:  # root may write any folder
         (tmp_path / "locked").mkdir(mode=0o500)
         code, out, err = cli(["makedb", "/nonexistent.fa", str(tmp_path / "locked" / "db")], capsys)
@@ -547,3 +580,14 @@ def test_search_rank_evalue_on_the_command_line(search_files, capsys):
     assert code == 0  # (these few hits come in the same order either way; test_rank_by_evalue_... has others)
     assert all(float(a[3]) >= float(b[3]) for a, b in zip(read_tsv(by_score)[1:], read_tsv(by_score)[2:])
                if a[0] == b[0])
+
+
+def test_search_of_an_empty_database_folder_writes_no_hits(search_files, tmp_path, capsys):
+    """An empty database (saved by the library; makedb refuses a FASTA without records): a header only, with
+    E-values too (nothing searched: no hit and no E-value to compute)."""
+    q, _ = search_files
+    database.save(database.build([], load_matrix("BLOSUM62"), "empty.fa"), tmp_path / "empty")
+    for extra in ([], ["--rank", "evalue", "--format-output", "query,target,score,evalue"]):
+        code, out, err = cli(["search", q, str(tmp_path / "empty"), "-t", "0", "--gap-open", "-11", "--gap-extend",
+                              "-1", "--backend", "cpu", "-q", *extra], capsys)
+        assert code == 0 and len(out.splitlines()) == 1 and "Traceback" not in err
