@@ -23,3 +23,8 @@ class MatrixError(SwcliError):
 
 class DatabaseError(SwcliError):
     """A search database folder that is missing, incomplete or made for another alphabet."""
+
+
+class TorchVersionError(SwcliError, ImportError):
+    """A torch older than the op's torch.library registrations need: an ImportError for the library, one
+    line for the CLI."""

@@ -65,7 +65,14 @@ from torch import nn
 from torch.autograd import forward_ad
 
 from swcli import _build
+from swcli.errors import TorchVersionError
 from swcli.reference import soft_smith_waterman_affine_reference, soft_smith_waterman_reference
+
+# register_fake and register_autograd came with torch 2.4, register_vmap with 2.5: an older torch fails
+# here with its version named, not on an attribute further down.
+if not hasattr(torch.library, "register_vmap"):
+    raise TorchVersionError(f"swcli needs torch >= 2.5 (torch.library.register_vmap); this is torch "
+                            f"{torch.__version__}")
 
 BACKENDS = ("auto", "cuda", "cpu", "reference")
 

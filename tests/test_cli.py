@@ -222,6 +222,22 @@ def test_help_is_fast_and_imports_no_torch():
     assert "--temperature" in result.stdout and "open_gap_score" in result.stdout
 
 
+def test_a_torch_without_the_registrations_is_named_on_import_and_by_the_cli():
+    """torch.library.register_vmap removed, as in a torch older than 2.5: ImportError for the library, one
+    line and exit 1 for the CLI."""
+    older = "import torch\ndel torch.library.register_vmap\n"
+    library = subprocess.run([sys.executable, "-c", older + "import swcli.ops"], capture_output=True, text=True,
+                             timeout=120, env=subprocess_env())
+    assert library.returncode == 1 and library.stderr.splitlines()[-1] == (
+        f"swcli.errors.TorchVersionError: swcli needs torch >= 2.5 (torch.library.register_vmap); this is torch "
+        f"{torch.__version__}")
+    cli = subprocess.run([sys.executable, "-c", older + f"from swcli.cli import main\nraise SystemExit(main(['align', "
+                          f"{EXAMPLE!r}, '--backend', 'cpu']))"], capture_output=True, text=True, timeout=120,
+                         env=subprocess_env())
+    assert cli.returncode == 1 and cli.stdout == "" and cli.stderr == (
+        f"swcli: error: swcli needs torch >= 2.5 (torch.library.register_vmap); this is torch {torch.__version__}\n")
+
+
 def test_module_entry_point_exit_codes(tmp_path):
     env = subprocess_env()
     ok = subprocess.run([sys.executable, "-m", "swcli", "align", EXAMPLE, "-t", "0"], capture_output=True,
