@@ -1274,7 +1274,8 @@ def soft_smith_waterman(
 ):
     """Soft Smith-Waterman local alignment scores, (B,), of a batch of score matrices (B, M, N).
 
-    gap is the linear score added per gap position (normally negative; -1.0 when not given). With
+    gap is the linear score added per gap position (normally negative, though any finite value is scored;
+    -1.0 when not given). With
     gap_open and gap_extend (and no gap) the gaps are affine, soft Gotoh: gap_open for a gap's first
     position, gap_extend for each further one, gap_open <= gap_extend <= 0. Temperature 0 is classic hard
     Smith-Waterman (Gotoh's with affine gaps). Pair b is scored on
@@ -1282,7 +1283,9 @@ def soft_smith_waterman(
 
     The gaps and the temperature are Python numbers, or tensors: 0-d (one value for the batch) or (B,)
     (one per pair), differentiable where they require grad (d score / d gap is the expected number of gap
-    positions of the soft alignment; d score / d t needs t > 0), on every backend. A differentiable call on
+    positions of the soft alignment; d score / d t needs t > 0), on every backend. The compiled engines take
+    d score / d t from Euler's identity, (score - <S, posterior> - gap terms) / t, a difference that loses
+    digits as t shrinks (docs/usage.md gives how many). A differentiable call on
     float32 CUDA scores that the gradient by rows takes has its kernels read the values on the device, a
     pair's own each (a pair whose value breaks a rule scores NaN, and the backward raises naming it);
     elsewhere the engines read tensor values to the host (one copy; not inside a CUDA graph being
