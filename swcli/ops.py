@@ -1090,7 +1090,9 @@ def _unwrapped(x: torch.Tensor) -> torch.Tensor:
 
 def _length_range(name: str, values: torch.Tensor, limit: int, dim: str):
     """The check that lengths lie in [0, limit] (for _check_ranges)."""
-    rule = f"{name} must lie in [0, {limit}] ({dim} of the score matrix)"
+    # A symbolic size (torch.export's dynamic shapes) prints as its symbol: the rule names the dimension then.
+    rule = (f"{name} must lie in [0, {limit}] ({dim} of the score matrix)" if type(limit) is int
+            else f"{name} must lie in [0, {dim}] ({dim}: the score matrix's size)")
     return values, 0, limit, lambda low, high: rule if low is None else f"{rule}, got min {low}, max {high}"
 
 

@@ -281,6 +281,23 @@ def test_export_without_gradients_runs_with_them(kind, per_pair):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+def test_export_with_dynamic_shapes_checks_lengths_by_the_dimension():
+    """Lengths past the score matrix, in a program exported with symbolic sizes: refused, the message naming
+    the dimension (not the trace's symbol for it)."""
+    class Scores(torch.nn.Module):
+        def forward(self, S, qlen):
+            return ssw(S, -1.0, 1.0, qlen, None, backend="cpu")
+
+    dim = torch.export.Dim
+    exported = torch.export.export(Scores(), (torch.randn(3, 6, 7), torch.tensor([6, 2, 0])),
+                                   dynamic_shapes=({0: dim("B"), 1: dim("M"), 2: dim("N")}, {0: dim("B")}))
+    S = torch.randn(5, 9, 4)
+    torch.testing.assert_close(exported.module()(S, torch.tensor([9, 1, 0, 3, 9])),
+                               ssw(S, -1.0, 1.0, torch.tensor([9, 1, 0, 3, 9]), None, backend="cpu"), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=r"^query_lengths must lie in \[0, M\] \(M: the score matrix's size\)"):
+        exported.module()(S, torch.tensor([10, 1, 0, 3, 9]))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_compile_fullgraph_takes_changed_gaps_and_temperature(kind):
     """A number that changes between calls becomes symbolic in the compiled graph (and a module's
