@@ -63,6 +63,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.autograd import forward_ad
+from torch.nn.utils import parametrize
 
 from swcli import _build
 from swcli.errors import TorchVersionError
@@ -595,7 +596,8 @@ def _affine_backward_parameters_per_pair_fake(grad_scores, S, state, best, faile
 
 TEMPERATURE_GRADIENT_AT_ZERO = (
     "d score / d temperature is not defined at temperature 0 (the hard maximum is not differentiable in t): "
-    "keep the temperature > 0 where it requires grad (SoftSmithWaterman(learnable=True) holds log(t))")
+    "keep the temperature > 0 where it requires grad (SoftSmithWaterman(learnable=True) holds log(t); a "
+    "log_temperature under the log of the dtype's smallest float, about -103 in float32, still underflows to 0)")
 
 
 def _gradients_from_sums(grad_scores, scores, values, flows, inner, needs):
@@ -1555,8 +1557,8 @@ def soft_smith_waterman_codes(
     (B, M, N) score tensor is never built (it would cost more than the alignment itself); backend='reference'
     builds it with a gather and runs the Python loop in the matrix's dtype. The engines compute in float32
     and return float32 scores (the matrix is cast to float32: substitution scores are small numbers that
-    float32 holds exactly), the reference the matrix's dtype. No gradient: use
-    soft_smith_waterman for that. return_posterior: (scores, posterior) as soft_smith_waterman returns them;
+    float32 holds exactly), the reference the matrix's dtype. No gradient (a matrix that requires grad
+    is refused where grad mode is on): use soft_smith_waterman for that. return_posterior: (scores, posterior) as soft_smith_waterman returns them;
     the posterior is (B, M, N) anyway, so the scores are gathered into S for it and scored densely.
     """
     for name, codes in (("query_codes", query_codes), ("target_codes", target_codes)):
@@ -1568,6 +1570,10 @@ def soft_smith_waterman_codes(
     if (not isinstance(matrix, torch.Tensor) or matrix.dim() != 2 or matrix.shape[0] != matrix.shape[1]
             or not 0 < matrix.shape[0] <= 256 or not matrix.dtype.is_floating_point):
         raise ValueError("matrix must be a square floating-point tensor of at most 256 x 256")
+    if matrix.requires_grad and torch.is_grad_enabled():  # its gradient would be dropped without a word
+        raise ValueError("soft_smith_waterman_codes has no gradient, and matrix requires grad: score "
+                         "soft_smith_waterman(matrix[query][:, target], ...) to learn the matrix, or pass "
+                         "matrix.detach()")
     if target_codes.device != query_codes.device:
         raise ValueError(f"query_codes and target_codes are on {query_codes.device} and {target_codes.device}")
     K = matrix.shape[0]
@@ -1645,34 +1651,43 @@ class SoftSmithWaterman(nn.Module):
         names = _learnable_names(learnable, affine=gap_extend is not None)
         for name, value in (("gap_open", gap_open), ("gap_extend", gap_extend)):
             if name in names:
-                self.register_parameter(name, nn.Parameter(torch.tensor(_check_number(name, value))))
+                self.register_parameter(name, nn.Parameter(torch.tensor(_initial_value(name, value))))
             else:
                 setattr(self, name, value)
         if "temperature" in names:
-            temperature = _check_number("temperature", temperature)
+            temperature = _initial_value("temperature", temperature)
             if temperature <= 0:
                 raise ValueError(f"a learnable temperature must be > 0 (it is held as its log), got {temperature}")
             self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature)))
         else:
             self._temperature = temperature
 
+    def _learns(self, name: str) -> bool:
+        """Whether the module holds `name` as a parameter: registered, or under torch.nn.utils.parametrize
+        (a constraint put on it), which moves it out of _parameters."""
+        return name in self._parameters or parametrize.is_parametrized(self, name)
+
     @property
     def temperature(self):
         """The temperature: a number, or exp(log_temperature) where it is learnable (a 0-d tensor)."""
-        if "log_temperature" in self._parameters:
+        if self._learns("log_temperature"):
             return self.log_temperature.exp()
         return self._temperature
 
     @temperature.setter
     def temperature(self, value) -> None:
-        if "log_temperature" in self._parameters:
-            value = _check_number("temperature", value)
-            if not value > 0:
-                raise ValueError(f"a learnable temperature must be > 0 (it is held as its log), got {value}")
+        if not self._learns("log_temperature"):
+            self._temperature = value
+            return
+        value = _initial_value("temperature", value)
+        if not value > 0:
+            raise ValueError(f"a learnable temperature must be > 0 (it is held as its log), got {value}")
+        if parametrize.is_parametrized(self, "log_temperature"):  # through the parametrization's right_inverse
+            self.log_temperature = torch.tensor(math.log(value), dtype=self.log_temperature.dtype,
+                                                device=self.log_temperature.device)
+        else:
             with torch.no_grad():
                 self.log_temperature.fill_(math.log(value))
-        else:
-            self._temperature = value
 
     def forward(self, score_matrix, query_lengths=None, target_lengths=None):
         if self.gap_extend is None:
@@ -1691,7 +1706,7 @@ class SoftSmithWaterman(nn.Module):
             return f"{value.item():g}" if value.numel() == 1 else f"tensor of shape {tuple(value.shape)}"
 
         extend = "" if self.gap_extend is None else f", gap_extend={shown(self.gap_extend)}"
-        learned = [name for name in LEARNABLE if name in self._parameters or f"log_{name}" in self._parameters]
+        learned = [name for name in LEARNABLE if self._learns(name) or self._learns(f"log_{name}")]
         learnable = f", learnable={tuple(learned)}" if learned else ""
         return (f"gap_open={shown(self.gap_open)}{extend}, temperature={shown(self.temperature)}, "
                 f"backend={self.backend!r}{learnable}")
@@ -1700,12 +1715,22 @@ class SoftSmithWaterman(nn.Module):
         raise _not_scriptable("SoftSmithWaterman")
 
 
+def _initial_value(name: str, value) -> float:
+    """A learnable parameter's value as given: a number, or a tensor of one value (its value taken; the
+    parameter is the module's own)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+        value = value.item()
+    return _check_number(name, value)
+
+
 def _learnable_names(learnable, affine: bool) -> tuple[str, ...]:
     """The names SoftSmithWaterman(learnable=...) holds as parameters, checked."""
     if learnable is True:
         return LEARNABLE if affine else ("gap_open", "temperature")
     if learnable is False or learnable is None:
         return ()
+    if not isinstance(learnable, (str, tuple, list, set, frozenset)):
+        raise ValueError(f"learnable is True, False, or names among {', '.join(LEARNABLE)}; got {learnable!r}")
     names = (learnable,) if isinstance(learnable, str) else tuple(learnable)
     for name in names:
         if name not in LEARNABLE:

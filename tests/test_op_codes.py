@@ -53,11 +53,16 @@ def test_codes_match_reference(t):
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_codes_scores_carry_no_gradient(backend):
-    """No gradient, as documented, and none claimed: the scores of a matrix that requires grad do not."""
+    """No gradient, as documented, and none silently dropped: a matrix that requires grad is refused where
+    grad mode is on; under no_grad its scores are those of the plain matrix, and require no grad."""
     pairs = related_protein_pairs(seed=10_250, count=3, min_length=5, max_length=20)
     query, target, qlen, tlen, matrix = code_batch(pairs)
     learnable = matrix.clone().requires_grad_()
-    out = soft_smith_waterman_codes(query, target, learnable, -1.0, 1.0, qlen, tlen, backend=backend)
+    with pytest.raises(ValueError, match=r"^soft_smith_waterman_codes has no gradient, and matrix requires grad: "
+                                         r"score soft_smith_waterman\(matrix\[query\]\[:, target\], ...\)"):
+        soft_smith_waterman_codes(query, target, learnable, -1.0, 1.0, qlen, tlen, backend=backend)
+    with torch.no_grad():
+        out = soft_smith_waterman_codes(query, target, learnable, -1.0, 1.0, qlen, tlen, backend=backend)
     assert not out.requires_grad
     assert torch.equal(out, soft_smith_waterman_codes(query, target, matrix, -1.0, 1.0, qlen, tlen, backend=backend))
 

@@ -459,7 +459,51 @@ def test_learnable_names_and_temperature_setter():
                               "backend='auto')")
 
 
+def test_learnable_module_under_parametrize():
+    """Constraints through torch.nn.utils.parametrize (which moves a parameter out of _parameters): the
+    module still reads its temperature and gaps, lists them as learnable, learns them, and sets the
+    temperature through the parametrization's right_inverse."""
+    from torch.nn.utils import parametrize
+
+    class Clamped(torch.nn.Module):
+        def forward(self, x):
+            return x.clamp(max=0.0)
+
+        def right_inverse(self, x):
+            return x
+
+    module = swcli.SoftSmithWaterman(gap_open=-2.0, gap_extend=-0.5, temperature=0.7, learnable=True).double()
+    plain = swcli.SoftSmithWaterman(gap_open=-2.0, gap_extend=-0.5, temperature=0.7).double()
+    parametrize.register_parametrization(module, "log_temperature", torch.nn.Identity())
+    parametrize.register_parametrization(module, "gap_extend", Clamped())
+    S = torch.randn(3, 6, 5, dtype=torch.float64)
+    torch.testing.assert_close(module(S), plain(S), rtol=1e-6, atol=0)  # log(0.7) was held in float32
+    assert "learnable=('gap_open', 'gap_extend', 'temperature')" in repr(module)
+    module(S).sum().backward()
+    assert module.parametrizations.log_temperature.original.grad is not None
+    assert module.parametrizations.gap_extend.original.grad is not None
+    with pytest.raises(Exception, match="right_inverse"):  # Identity has none: torch's own error
+        module.temperature = 2.0
+    parametrize.remove_parametrizations(module, "log_temperature")
+    parametrize.register_parametrization(module, "log_temperature", Clamped())  # t <= 1
+    module.temperature = 0.5
+    assert module.temperature.item() == pytest.approx(0.5)
+
+
+def test_learnable_module_takes_one_value_tensors_and_names_an_underflowed_temperature():
+    module = swcli.SoftSmithWaterman(gap_open=torch.tensor(-2.0), temperature=torch.tensor(0.5), learnable=True)
+    assert isinstance(module.gap_open, torch.nn.Parameter) and module.gap_open.item() == -2.0
+    assert module.temperature.item() == pytest.approx(0.5)
+    module.temperature = torch.tensor(0.25)
+    assert module.temperature.item() == pytest.approx(0.25)
+    with torch.no_grad():
+        module.log_temperature.fill_(-104.0)  # exp underflows to 0 in float32
+    with pytest.raises(ValueError, match=r"a log_temperature under the log of the dtype's smallest float"):
+        module(torch.randn(2, 4, 5))
+
+
 @pytest.mark.parametrize("arguments, message", [
+    (dict(learnable=1), r"learnable is True, False, or names among gap_open, gap_extend, temperature; got 1"),
     (dict(temperature=0.0, learnable=True), "a learnable temperature must be > 0"),
     (dict(learnable=("gap_extend",)), "gap_extend can only be learned with affine gaps"),
     (dict(learnable=("gap",)), "learnable names one of gap_open, gap_extend, temperature"),
