@@ -216,7 +216,7 @@ def _columns(format_output: str, lambda_: Optional[float], k: Optional[float], a
              beta: Optional[float] = None, rank: Rank = Rank.score) -> tuple[str, ...]:
     """--format-output's columns, and --lambda/--k/--alpha/--beta checked against them and --rank (usage
     errors, exit 2)."""
-    from swcli.details import STATISTICS_COLUMNS, parse_columns
+    from swcli.details import parse_columns
     from swcli.scoring import _usage_error
 
     columns = parse_columns(format_output)
@@ -231,10 +231,17 @@ def _columns(format_output: str, lambda_: Optional[float], k: Optional[float], a
             raise typer.BadParameter(f"{value} is not a finite number > 0", param_hint=f"'{option}'")
     if beta is not None and not math.isfinite(beta):
         raise typer.BadParameter(f"{beta} is not a finite number", param_hint="'--beta'")
-    if lambda_ is not None and not STATISTICS_COLUMNS & set(columns) and rank is not Rank.evalue:
+    if lambda_ is not None and not statistics_needed(columns, rank):
         raise _usage_error("--lambda and --k are used only by the evalue and bits columns of --format-output "
                            "and by --rank evalue")
     return columns
+
+
+def statistics_needed(columns: tuple[str, ...], rank) -> bool:
+    """Whether the columns or --rank evalue need lambda and K."""
+    from swcli.details import STATISTICS_COLUMNS
+
+    return bool(STATISTICS_COLUMNS & set(columns)) or rank is Rank.evalue
 
 
 def _statistics(columns: tuple[str, ...], settings, lambda_: Optional[float], k: Optional[float],
@@ -243,9 +250,8 @@ def _statistics(columns: tuple[str, ...], settings, lambda_: Optional[float], k:
     group and shared) where the evalue or bits columns or --rank evalue need them, else None; their
     values go to stderr unless --quiet."""
     from swcli import distributed
-    from swcli.details import STATISTICS_COLUMNS
 
-    if not STATISTICS_COLUMNS & set(columns) and rank is not Rank.evalue:
+    if not statistics_needed(columns, rank):
         return None
     from swcli.statistics import parameters, setting_name
 
@@ -504,7 +510,7 @@ def search(
     from functools import partial
 
     from swcli import _host, distributed
-    from swcli.search import check_inputs, run_search
+    from swcli.search import check_inputs, read_queries, run_search
 
     check_inputs(queries, database)
     inputs = [("QUERIES", queries), ("DATABASE", database), ("--matrix", matrix)]
@@ -519,6 +525,8 @@ def search(
     with distributed.phase(group):
         settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
         _host.load()
+        if statistics_needed(columns, rank) and queries != "-":
+            read_queries(queries, settings)  # a bad query is said at once, not after lambda and K's estimate
     distributed.check_engine(group, settings)
     statistics = _statistics(columns, settings, lambda_, k, alpha, beta, quiet, rank, group)
     formatter = _formatter(columns, settings, statistics)

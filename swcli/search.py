@@ -787,14 +787,20 @@ def check_inputs(queries: str, database: str) -> None:
         raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and DATABASE as -")
 
 
-def read_inputs(queries: str, database: str, settings, warn=None) -> tuple[list, list[bytes], Database]:
-    """The query records and their codes (every letter checked, before any output), and the database.
-    warn(text), if given, hears of database ids that repeat (their hits cannot be told apart)."""
-    from swcli import database as databases
+def read_queries(queries: str, settings) -> tuple[list, list[bytes]]:
+    """The query records and their codes, every letter checked (the queries are few: all before any output)."""
     from swcli.fasta import read_fasta
 
-    records = list(read_fasta(queries))  # the queries are few: all checked before any output
-    codes = [settings.matrix.encode(record.sequence, record.where) for record in records]
+    records = list(read_fasta(queries))
+    return records, [settings.matrix.encode(record.sequence, record.where) for record in records]
+
+
+def read_inputs(queries: str, database: str, settings, warn=None) -> tuple[list, list[bytes], Database]:
+    """The query records and their codes (read_queries), and the database. warn(text), if given, hears of
+    database ids that repeat (their hits cannot be told apart)."""
+    from swcli import database as databases
+
+    records, codes = read_queries(queries, settings)
     db = open_database(database, settings.matrix)
     repeated = databases.duplicate_ids(db) if warn is not None else None
     if repeated is not None:

@@ -591,3 +591,17 @@ def test_search_of_an_empty_database_folder_writes_no_hits(search_files, tmp_pat
         code, out, err = cli(["search", q, str(tmp_path / "empty"), "-t", "0", "--gap-open", "-11", "--gap-extend",
                               "-1", "--backend", "cpu", "-q", *extra], capsys)
         assert code == 0 and len(out.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_bad_query_is_said_before_lambda_and_k_are_estimated(search_files, tmp_path, capsys, monkeypatch):
+    _, db = search_files
+    (tmp_path / "q.fa").write_text(">q\nMKV1\n")
+
+    def parameters(*args, **kwargs):
+        raise AssertionError("lambda and K estimated before the queries were read")
+
+    monkeypatch.setattr("swcli.statistics.parameters", parameters)
+    code, out, err = cli(["search", str(tmp_path / "q.fa"), db, "--backend", "cpu", "--gap-open", "-11",
+                          "--gap-extend", "-1", "--format-output", "query,target,evalue"], capsys)
+    assert code == 1 and out == "" and err.startswith(f"swcli: error: {tmp_path / 'q.fa'}: record 1 (q): invalid "
+                                                      "letter '1' at position 4")
