@@ -594,10 +594,11 @@ def _affine_backward_parameters_per_pair_fake(grad_scores, S, state, best, faile
                                             gap_open, gap_extend, temperature, True)
 
 
+# At most 254 characters: torch._assert_async takes no longer message on CUDA.
 TEMPERATURE_GRADIENT_AT_ZERO = (
-    "d score / d temperature is not defined at temperature 0 (the hard maximum is not differentiable in t): "
-    "keep the temperature > 0 where it requires grad (SoftSmithWaterman(learnable=True) holds log(t); a "
-    "log_temperature under the log of the dtype's smallest float, about -103 in float32, still underflows to 0)")
+    "d score / d temperature is not defined at temperature 0 (the hard maximum): keep it > 0 where it "
+    "requires grad (SoftSmithWaterman(learnable=True) holds log(t); a log_temperature under about -103 "
+    "underflows to 0 in float32)")
 
 
 def _gradients_from_sums(grad_scores, scores, values, flows, inner, needs):
