@@ -1559,8 +1559,9 @@ def soft_smith_waterman_codes(
     builds it with a gather and runs the Python loop in the matrix's dtype. The engines compute in float32
     and return float32 scores (the matrix is cast to float32: substitution scores are small numbers that
     float32 holds exactly), the reference the matrix's dtype. No gradient (a matrix that requires grad
-    is refused where grad mode is on): use soft_smith_waterman for that. return_posterior: (scores, posterior) as soft_smith_waterman returns them;
-    the posterior is (B, M, N) anyway, so the scores are gathered into S for it and scored densely.
+    is refused where grad mode is on): use soft_smith_waterman for that. return_posterior: (scores,
+    posterior) as soft_smith_waterman returns them; the posterior is (B, M, N) anyway, so the scores are
+    gathered into S for it and scored densely.
     """
     for name, codes in (("query_codes", query_codes), ("target_codes", target_codes)):
         if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.dtype != torch.uint8:
