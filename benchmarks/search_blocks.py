@@ -16,7 +16,9 @@ alone); --soft-launches scores each block's classes of lanes a group in a launch
 the GPU that many times (SoftSearch.LAUNCH_WAVES; none: one launch a block). --soft-drops sets how far
 below its upper limit U a rescaled segment of the soft kernel lands (SoftSearch.DROP, in bits: the
 larger, the fewer rescales where the sums grow along the query, as far as the plan's floor allows; where
-it does not, the op's sweep takes the search, which the row says).
+it does not, the op's sweep takes the search, which the row says). --streams runs every setting with
+that many streams taking a query's launches in turn (Searcher.STREAMS; 1: one stream, each launch's last
+wave alone on the GPU).
 
 For each setting: the blocks, the padded cells over the cells (what the tiles sweep, were the kernel to
 take every block), and the CUDA-event time of the scoring calls over the 20 queries (Searcher.step, as
@@ -26,6 +28,7 @@ scored again (both passes; their time is in the kernel time).
     python3 benchmarks/search_blocks.py QUERIES.fasta DB.fasta [--gaps linear|affine] [--waves 0 1 2]
                                         [--max-queries 1000 0] [--max-cells 16777216 67108864]
                                         [--soft-waves none 1] [--soft-launches none 1] [--soft-drops 24 40]
+                                        [--streams 1 2]
     (max-queries 0: no limit)
 """
 
@@ -102,6 +105,9 @@ def main(argv=None) -> int:
                              "block); default: the class's")
     parser.add_argument("--soft-drops", type=int, nargs="*", default=None,
                         help="SoftSearch.DROP for the t = 1 settings (default: the class's)")
+    parser.add_argument("--streams", type=int, nargs="*", default=None,
+                        help="Searcher.STREAMS, the streams that take a query's launches in turn, for every "
+                             "setting (default: the class's)")
     args = parser.parse_args(argv)
     soft_waves = [None if w == "none" else float(w) for w in args.soft_waves]
     soft_launches = None if args.soft_launches is None else [None if w == "none" else float(w)
@@ -130,29 +136,35 @@ def main(argv=None) -> int:
     settings = [(0.0, waves, None, None, None, None) for waves in [math.inf, *args.waves]]
     settings += [(1.0, None, limit, fill, drop, launch) for launch in launch_waves for drop in drops
                  for fill in soft_waves for limit in args.max_queries]
-    for max_cells in args.max_cells or [DEFAULT_MAX_CELLS]:
-        for t, waves, limit, fill, drop, launch in settings:
-            if waves is not None:
-                ExactSearch.FILL_WAVES = 1e9 if waves == math.inf else waves
-                label = "blocks by cells alone" if waves == math.inf else f"cut at classes, fill {waves:g}"
-            else:
-                SoftSearch.MAX_QUERY = {False: limit or None, True: limit or None}
-                SoftSearch.FILL_WAVES, SoftSearch.DROP, SoftSearch.LAUNCH_WAVES = fill, drop, launch
-                label = (f"soft kernel for queries up to {limit:,} residues" if limit else
-                         "soft kernel for every query")
-                label += ", blocks by cells alone" if fill is None else f", cut at classes, fill {fill:g}"
-                label += f", drop {drop}"
-                label += ", one launch a block" if launch is None else f", a launch per class, fill {launch:g}"
-            searcher = Searcher(db, matrix.tensor(device=device), gaps.get("gap"), t, 10, "cuda", device, max_cells,
-                                gap_open=gaps.get("gap_open"), gap_extend=gaps.get("gap_extend"))
-            if t > 0 and searcher.soft is None:
-                label += " (refused by the plan: the op's sweep)"
-            swept, cells = padded_cells(searcher, [len(q) for q in queries])
-            seconds = kernel_seconds(searcher, queries)
-            print(f"| {t:g} | {max_cells:,} | {label} | {len(searcher.bounds)} | {swept / cells:.3f} | "
-                  f"{seconds:.3f} s | {cells / seconds / 1e9:,.1f} | {searcher.rescored:,} |", flush=True)
-            ExactSearch.FILL_WAVES, SoftSearch.MAX_QUERY = chosen[0], dict(chosen[1])
-            SoftSearch.FILL_WAVES, SoftSearch.DROP, SoftSearch.LAUNCH_WAVES = chosen[2], chosen[3], chosen[4]
+    chosen_streams = Searcher.STREAMS
+    for max_cells, t, waves, limit, fill, drop, launch, streams in (
+            (max_cells, *setting, streams) for max_cells in args.max_cells or [DEFAULT_MAX_CELLS]
+            for setting in settings for streams in args.streams or [Searcher.STREAMS]):
+        Searcher.STREAMS = streams
+        if waves is not None:
+            ExactSearch.FILL_WAVES = 1e9 if waves == math.inf else waves
+            label = "blocks by cells alone" if waves == math.inf else f"cut at classes, fill {waves:g}"
+        else:
+            SoftSearch.MAX_QUERY = {False: limit or None, True: limit or None}
+            SoftSearch.FILL_WAVES, SoftSearch.DROP, SoftSearch.LAUNCH_WAVES = fill, drop, launch
+            label = (f"soft kernel for queries up to {limit:,} residues" if limit else
+                     "soft kernel for every query")
+            label += ", blocks by cells alone" if fill is None else f", cut at classes, fill {fill:g}"
+            label += f", drop {drop}"
+            label += ", one launch a block" if launch is None else f", a launch per class, fill {launch:g}"
+        if args.streams:
+            label += f", {streams} stream{'s' if streams > 1 else ''}"
+        searcher = Searcher(db, matrix.tensor(device=device), gaps.get("gap"), t, 10, "cuda", device, max_cells,
+                            gap_open=gaps.get("gap_open"), gap_extend=gaps.get("gap_extend"))
+        if t > 0 and searcher.soft is None:
+            label += " (refused by the plan: the op's sweep)"
+        swept, cells = padded_cells(searcher, [len(q) for q in queries])
+        seconds = kernel_seconds(searcher, queries)
+        print(f"| {t:g} | {max_cells:,} | {label} | {len(searcher.bounds)} | {swept / cells:.3f} | "
+              f"{seconds:.3f} s | {cells / seconds / 1e9:,.1f} | {searcher.rescored:,} |", flush=True)
+        ExactSearch.FILL_WAVES, SoftSearch.MAX_QUERY = chosen[0], dict(chosen[1])
+        SoftSearch.FILL_WAVES, SoftSearch.DROP, SoftSearch.LAUNCH_WAVES = chosen[2], chosen[3], chosen[4]
+        Searcher.STREAMS = chosen_streams
     return 0
 
 

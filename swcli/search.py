@@ -12,8 +12,9 @@ int64 key that orders by score, then by earlier sequence (`score_keys`), so torc
 exactly the hits that a stable sort by database order and then by score would, without sorting a block.
 
 On CUDA the host never waits for the device inside a query: query i + 1's blocks are queued before the
-results of query i are read (`Searcher.step`), so the device goes from one query to the next. The hits'
-details (--format-output) are computed in a worker thread (details.InOrder) while the next queries are
+results of query i are read (`Searcher.step`), so the device goes from one query to the next. Within a
+query, two streams take the kernel's launches in turn (`LaunchStreams`), so that one launch's last wave
+shares the SMs with the next. The hits' details (--format-output) are computed in a worker thread (details.InOrder) while the next queries are
 scored.
 """
 
@@ -247,7 +248,29 @@ def make_block(database: Database, start: int, stop: int, device, flat: torch.Te
 # The search
 
 
-class ExactSearch:
+class SearchKernel:
+    """What the two search kernels share: a block is scored in one launch or in several (launches), each
+    a run of its rows (score_rows), whose scores are then joined."""
+
+    def units(self, block: "Block", launches: tuple[tuple[int, int, int], ...] | None) -> tuple[tuple[int, int, int], ...]:
+        """(start, stop, width) of each launch that scores the block: launches, or the whole block in one
+        (width 0: the operator takes the block's)."""
+        return launches or ((0, block.codes.shape[0], 0),)
+
+    def scores(self, query: torch.Tensor, block: "Block",
+               launches: tuple[tuple[int, int, int], ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores (n,), -1 where the kernel's checks did not hold; their count (1,)), queued."""
+        return join_parts([self.score_rows(query, block, *unit) for unit in self.units(block, launches)])
+
+
+def join_parts(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's scores and count of flagged pairs from its launches' (in row order)."""
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([scores for scores, _ in parts]), sum(count for _, count in parts)  # (1,) int32, as one
+
+
+class ExactSearch(SearchKernel):
     """The exact 16-bit search kernel's set-up (kernels/cuda/search_s16.cu), for CUDA searches at t = 0
     whose matrix and gaps are integers small enough for 16-bit lanes: the table of score pairs, the
     largest score's limit, and the integer gaps. The table has a letter past the matrix, the padding,
@@ -292,13 +315,15 @@ class ExactSearch:
         """One launch a block: its blocks already end at its tile classes (classes)."""
         return None
 
-    def scores(self, query: torch.Tensor, block: "Block", launches: None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores (n,) int32, -1 where 16 bits could not hold a pair; their count (1,)), queued."""
-        return torch.ops.swcli.search_scores_s16(query, block.codes, block.lengths, self.table, self.gap_open,
-                                                 self.gap_extend, self.limit)
+    def score_rows(self, query: torch.Tensor, block: "Block", start: int, stop: int,
+                   width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [start, stop) of a block: (scores int32, -1 where 16 bits could not hold a pair; their count
+        (1,)), queued. (The kernel takes its lanes from the rows' width; `width` is the soft kernel's.)"""
+        return torch.ops.swcli.search_scores_s16(query, block.codes[start:stop], block.lengths[start:stop],
+                                                 self.table, self.gap_open, self.gap_extend, self.limit)
 
 
-class SoftSearch:
+class SoftSearch(SearchKernel):
     """The soft search kernel's set-up (kernels/cuda/search_soft.cu), for CUDA searches at t > 0 in float32:
     the table of powers P = 2^(S c), c = log2(e) / t, the gap factors, and the limits of its scaled space,
     derived here from the matrix, t and the gaps so that the kernel's checks hold (its header says why):
@@ -422,20 +447,16 @@ class SoftSearch:
         classes = TileClasses(lanes, 1, 512, _sms(device), self.LAUNCH_WAVES)
         return tuple((start, stop, int(lengths[start])) for start, stop in length_bounds(lengths, 1 << 62, classes))
 
-    def scores(self, query: torch.Tensor, block: "Block",
-               launches: tuple[tuple[int, int, int], ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores (n,) float32, -1 where the kernel's checks did not hold; their count (1,)), queued.
-        launches: from launches(); None: one, whose tile shape the block's width sets (the operator's
-        width 0). A pair's score has the same bits whatever the launch (the kernel's header)."""
+    def score_rows(self, query: torch.Tensor, block: "Block", start: int, stop: int,
+                   width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [start, stop) of a block: (scores float32, -1 where the kernel's checks did not hold; their
+        count (1,)), queued. width: the rows' widest length, which sets the tile shape (0: the codes'). A
+        pair's score has the same bits whatever the launch (the kernel's header)."""
         s = self.settings
-        parts = [torch.ops.swcli.search_scores_soft(query, block.codes[start:stop], block.lengths[start:stop],
-                                                    self.powers, width, s["affine"], s["gap_factor"],
-                                                    s["extend_factor"], s["temperature"], s["upper"], s["middle"],
-                                                    s["floor"], s["bound"])
-                 for start, stop, width in launches or ((0, block.codes.shape[0], 0),)]
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat([scores for scores, _ in parts]), sum(count for _, count in parts)  # (1,) int32, as one
+        return torch.ops.swcli.search_scores_soft(query, block.codes[start:stop], block.lengths[start:stop],
+                                                  self.powers, width, s["affine"], s["gap_factor"],
+                                                  s["extend_factor"], s["temperature"], s["upper"], s["middle"],
+                                                  s["floor"], s["bound"])
 
 
 @dataclass
@@ -457,8 +478,37 @@ class Pending:
         return self.seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1e3
 
 
+class LaunchStreams:
+    """A query's kernel launches, taken in turn by a few CUDA streams. A launch's last wave of warps leaves
+    SMs idle until its slowest warp ends; the next launch, on another stream, takes them meanwhile. Each
+    launch waits for what the current stream queued before it (the query, the block), and the current
+    stream waits for every launch (join) before their scores are read."""
+
+    def __init__(self, device: torch.device, count: int):
+        self.device = device
+        self.streams = [torch.cuda.Stream(device) for _ in range(count)] if device.type == "cuda" and count > 1 else []
+        self.turn = 0
+
+    def run(self, launch):
+        """launch() on the next stream (on the current one where there are none)."""
+        if not self.streams:
+            return launch()
+        stream = self.streams[self.turn % len(self.streams)]
+        self.turn += 1
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            return launch()
+
+    def join(self) -> None:
+        current = torch.cuda.current_stream(self.device) if self.streams else None
+        for stream in self.streams:
+            current.wait_stream(stream)
+
+
 class Searcher:
     """One database on a device, ready for queries: its blocks padded once while they fit max_bytes."""
+
+    STREAMS = 2  # the streams that take a query's launches in turn (LaunchStreams; 1: the current alone)
 
     def __init__(self, database: Database, matrix: torch.Tensor, gap: float | None, temperature: float, top: int,
                  backend: str, device=None, max_cells: int = DEFAULT_MAX_CELLS, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -487,6 +537,7 @@ class Searcher:
             if self.exact is None:
                 self.soft = SoftSearch.of(self.matrix, temperature, gap, gap_open, gap_extend)
         self.kernel = self.exact or self.soft
+        self.streams = LaunchStreams(self.device, self.STREAMS if self.kernel is not None else 0)
         self.rescored = 0  # pairs a search kernel flagged, scored again through the general op
         self.lengths = database.lengths
         self.bounds = block_bounds(database, max_cells, self.kernel.classes(self.device) if self.kernel else None)
@@ -556,22 +607,30 @@ class Searcher:
         returns once the work is queued; on the CPU once it is done."""
         query = torch.frombuffer(bytearray(codes), dtype=torch.uint8) if codes else torch.zeros(0, dtype=torch.uint8)
         query = _to(query, self.device)
-        pending, candidates = Pending(None), []
+        pending = Pending(None)
         if self.ranking is not None:
             pending.table = _to(torch.from_numpy(self.ranking.table(len(codes))), self.device)
         kernel = self.kernel_for(len(codes))
-        for index, block in enumerate(self.blocks()):
-            rows = block.codes.shape[0]
-            timing = self.timing()
-            if kernel is not None:
-                scored, flagged = kernel.scores(query, block, self.launches[index])
-                pending.flagged.append((block, scored, flagged))
-                scores = scored.float()
-            else:
+        candidates = []
+        if kernel is None:
+            for index, block in enumerate(self.blocks()):
+                timing, rows = self.timing(), block.codes.shape[0]
                 scores = score_checked_codes(query.expand(rows, -1), block.codes, self.matrix, self.gap,
                                              self.temperature, None, block.lengths, self.backend, **self.affine)
+                timing(pending)
+                candidates.append(self.candidates(pending, index, block, scores))
+        else:
+            # every launch queued before any block's top-k, so that launches follow each other on the streams
+            timing = self.timing()
+            scored = [(block, [self.streams.run(lambda unit=unit: kernel.score_rows(query, block, *unit))
+                               for unit in kernel.units(block, launches)])
+                      for block, launches in zip(self.blocks(), self.launches)]
+            self.streams.join()
             timing(pending)
-            candidates.append(self.candidates(pending, index, block, scores))
+            for index, (block, parts) in enumerate(scored):
+                found, flagged = join_parts(parts)
+                pending.flagged.append((block, found, flagged))
+                candidates.append(self.candidates(pending, index, block, found.float()))
         self.choose(pending, candidates)
         pending.query = query
         return pending

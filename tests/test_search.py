@@ -13,10 +13,11 @@ from swcli import database
 from swcli.fasta import FastaRecord
 from swcli.ops import load_engine
 from swcli.scoring import load_matrix
-from swcli.search import (LOW, Hits, Searcher, block_bounds, hits_of, make_block, merge_top, run_search, score_keys,
-                          search)
+from swcli.search import (LOW, Hits, Searcher, SoftSearch, block_bounds, hits_of, make_block, merge_top, run_search,
+                          score_keys, search)
 from swcli.statistics import EvalueRanking, KarlinAltschul
-from swcli.testing import DEVICE_PARAMS, biopython_score, random_protein, related_protein_pairs
+from swcli.testing import (DEVICE_PARAMS, biopython_score, cuda, random_protein, random_search_set,
+                           related_protein_pairs, requires_cuda)
 from swcli.testing import run_cli as cli
 
 BLOSUM62 = load_matrix("BLOSUM62")
@@ -245,6 +246,44 @@ def test_hard_search_is_the_same_on_every_device_resident_or_streamed(device):
     for limits in ({}, {"max_cells": 900}, {"max_cells": 900, "max_bytes": 0}):
         for want, got in zip(expected, run(queries, sequences, top=9, device=device, **limits)):
             assert torch.equal(got.targets, want.targets) and torch.equal(got.scores, want.scores)
+
+
+@cuda
+@requires_cuda
+@pytest.mark.parametrize("gaps", [{"gap": -4.0}, {"gap": None, "gap_open": -11.0, "gap_extend": -1.0}],
+                         ids=["linear", "affine"])
+@pytest.mark.parametrize("t", [0.0, 1.0])
+def test_launches_on_side_streams_give_the_scores_of_one_stream(t, gaps, monkeypatch):
+    """A query's launches taken in turn by 1, 2 or 3 streams (LaunchStreams), resident or padded again
+    per query, and under a caller's side stream: every block's scores the same, bit for bit, and the
+    scoring calls timed as one interval a query."""
+    db, codes = random_search_set(4_201)
+    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", 1e-9)  # a launch per class of lanes, however few targets
+    load_engine("cuda")
+    device = torch.device("cuda")
+
+    def scored(streams: int, **limits) -> list[list[torch.Tensor]]:
+        monkeypatch.setattr(Searcher, "STREAMS", streams)
+        searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], t, 7, "cuda", device, max_cells=1 << 14,
+                            gap_open=gaps.get("gap_open"), gap_extend=gaps.get("gap_extend"), **limits)
+        assert searcher.kernel is not None and len(searcher.streams.streams) == (streams if streams > 1 else 0)
+        if t > 0:
+            assert max(len(launches or ()) for launches in searcher.launches) > 1  # blocks of several launches
+        found = []
+        for query in codes:
+            pending, rescored = searcher.launch(query), searcher.rescored
+            hits, seconds = searcher.finish(pending)
+            assert seconds > 0 and len(pending.events) == 1 + (searcher.rescored > rescored)  # (+ the rescoring)
+            found.append([scores.cpu() for _, scores, _ in pending.flagged] + [hits.scores, hits.targets])
+        return found
+
+    one = scored(1)
+    assert len(one[0]) > 3  # several blocks
+    for got in (scored(2), scored(3), scored(2, max_bytes=0)):
+        assert all(torch.equal(a, b) for want, have in zip(one, got) for a, b in zip(want, have, strict=True))
+    with torch.cuda.stream(torch.cuda.Stream(device)):
+        got = scored(2)
+    assert all(torch.equal(a, b) for want, have in zip(one, got) for a, b in zip(want, have, strict=True))
 
 
 def test_pipelined_queries_equal_one_at_a_time():

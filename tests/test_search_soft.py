@@ -18,7 +18,7 @@ from swcli.fasta import FastaRecord
 from swcli.ops import load_engine, score_checked_codes
 from swcli.reference import soft_smith_waterman_affine_reference, soft_smith_waterman_reference
 from swcli.scoring import load_matrix
-from swcli.search import Searcher, SoftSearch
+from swcli.search import SearchKernel, Searcher, SoftSearch
 from swcli.testing import encoded, padded_encoded, random_protein, related_protein_pairs, soft_search_model
 
 BLOSUM62 = load_matrix("BLOSUM62")
@@ -185,15 +185,15 @@ def small_database(sequences: list[str]):
                           "db.fa")
 
 
-class FlaggingKernel:
+class FlaggingKernel(SearchKernel):
     """A search kernel's stand-in on the CPU: the CPU engine's scores, with the pairs `flag` chooses set to
     -1 and counted, as the CUDA kernels return them."""
 
     def __init__(self, searcher: Searcher, flag):
         self.searcher, self.flag = searcher, flag
 
-    def scores(self, query, block, launches=None):
-        assert launches is None  # the searcher had no kernel to plan launches for
+    def score_rows(self, query, block, start, stop, width=0):
+        assert (start, stop, width) == (0, block.codes.shape[0], 0)  # no kernel planned launches: the whole block
         s = self.searcher
         scores = score_checked_codes(query.expand(block.codes.shape[0], -1), block.codes, s.matrix, s.gap,
                                      s.temperature, None, block.lengths, s.backend)
