@@ -11,6 +11,7 @@ import os
 import stat
 import sys
 from contextlib import contextmanager
+from itertools import chain
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -178,6 +179,18 @@ def _pair_chunks(queries: str, targets: Optional[str], all_vs_all: bool, size: i
     if targets is None:
         return fasta.chunks_in_one_file(queries, size)
     return fasta.chunks_in_two_files(queries, targets, size)
+
+
+def _first_chunk_checked(chunks, settings):
+    """The chunks, the first read and its letters checked now: a missing file or a bad record at the start
+    is said at once, not after lambda and K's estimate (up to a minute where no cache has them)."""
+    chunks = iter(chunks)
+    first = next(chunks, None)
+    if first is None:
+        return chunks
+    settings.matrix.encode_records(first.queries)
+    settings.matrix.encode_records(first.targets)
+    return chain([first], chunks)
 
 
 def _settings(matrix: str, unknown_as: Optional[str], gap: Optional[float], temperature: float, backend: Backend,
@@ -379,6 +392,10 @@ def align(
                              chunk_size=chunk_size)
         _host.load()
     distributed.check_engine(group, settings)
+    interrupt.check()  # the imports and the builds are done: a signal now ends the run here
+    chunks = _pair_chunks(queries, targets, all_vs_all, chunk_size)
+    if statistics_needed(columns, Rank.score):
+        chunks = _first_chunk_checked(chunks, settings)
     formatter = _formatter(columns, settings,
                            _statistics(columns, settings, lambda_, k, alpha, beta, quiet, group=group))
     if formatter is not None:
@@ -387,8 +404,6 @@ def align(
         rows_of = lambda chunk, scores: chunk_detail_rows(formatter, chunk, finite_scores(chunk, scores))  # noqa: E731
     else:
         rows_of = chunk_rows
-    interrupt.check()  # the imports and the builds are done: a signal now ends the run here
-    chunks = _pair_chunks(queries, targets, all_vs_all, chunk_size)
     paths = _progress_inputs(queries, targets, all_vs_all)
     measure = InputBytes.of(paths) if paths and _progress_shown(quiet) else None  # it costs a listdir a chunk
     stats = Stats()

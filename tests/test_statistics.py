@@ -227,3 +227,25 @@ def test_a_cache_that_cannot_be_written_says_what_it_could_not_keep(tmp_path, mo
     assert warning.startswith(f"swcli: {told} {tmp_path}")
     assert ("it is used for this run" in warning) == (gap is None)
     assert warning.endswith("and the next run with this setting estimates again")
+
+
+@pytest.mark.parametrize("case", ["missing", "letter", "all-vs-all", "empty"])
+def test_align_says_a_bad_input_before_lambda_and_k_are_estimated(tmp_path, monkeypatch, capsys, case):
+    """The first chunk is read and its letters checked before the estimate, which can take a minute."""
+    def parameters(*args, **kwargs):
+        raise AssertionError("lambda and K estimated before the first pairs were read")
+
+    monkeypatch.setattr(statistics, "parameters", parameters)
+    good = write_fasta(tmp_path / "good.fa", [("a", "MKVLA"), ("b", "WWKLA")])
+    bad = write_fasta(tmp_path / "bad.fa", [("t", "MKV1A"), ("u", "MKVLA")])
+    empty = tmp_path / "empty.fa"
+    empty.write_text("")
+    targets = {"missing": [str(tmp_path / "none.fa")], "letter": [bad], "all-vs-all": [bad, "--all-vs-all"],
+               "empty": [str(empty)]}[case]
+    out = tmp_path / "out.tsv"
+    code, stdout, err = cli(["align", good, *targets, "--gap", "-4", "-t", "0", "--format-output", "query,evalue",
+                             "-o", str(out), "--backend", "cpu"], capsys)
+    expected = {"missing": f"{tmp_path / 'none.fa'}: no such file", "empty": f"{empty}: no FASTA records"}.get(
+        case, f"{bad}: record 1 (t): invalid letter '1' at position 4")
+    assert code == 1 and stdout == "" and err.startswith(f"swcli: error: {expected}") and not out.exists()
+
