@@ -11,8 +11,8 @@
 //
 // Layout, as the exact 16-bit kernel's (search_s16.cu): a group of G lanes holds one target, R columns a
 // lane, and sweeps the query's rows as a wavefront; a target wider than a tile (G R columns) is swept tile
-// after tile, the tile's right edge going to the next through a buffer (in place, read a row ahead). A
-// launch takes G from its widest target, and each warp R (whole segments) from its own. The
+// after tile, the tile's right edge going to the next through a buffer (in place, read a chunk of 32 rows
+// ahead). A launch takes G from its widest target, and each warp R (whole segments) from its own. The
 // groups of a warp are staggered so that lane l of the warp is on row k - l at step k: the 32 lanes then
 // read 32 consecutive rows of the profile, one bank each.
 //
@@ -203,9 +203,14 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     for (int s = 0; s < S; ++s) sig[s] = 0, one[s] = 1.0f, low[s] = 0.0f, diag[s] = 1.0f, best[s] = 0.0f, fa[s] = 1.0f, fb[s] = 1.0f;
     float x_send = 1.0f, xt_send = 1.0f;  // this lane's last column at its last row, for the lane to the right
     int sig_send = 0;
-    const bool reads_edge = kEdges && tile > 0 && g == 0;
+    // The left edge's rows, in a tile after the target's first: lane l holds row 32 c + l of the chunk c of
+    // steps being swept (edge_now) and of the next (edge_next, read a chunk ahead, at the profile's fill),
+    // and lane 0 takes row k's by a shuffle at step k. The buffer is read a whole tile after it was
+    // written (past the L2 for long queries): read a step ahead, the load could stall the warp at the next.
+    const bool reads_edge = kEdges && tile > 0;  // the whole warp (G = 32: one group)
     const bool writes_edge = kEdges && tile + 1 < tiles && g == G - 1;
-    Edge<AFFINE> ahead = reads_edge && lane == 0 ? edge[0] : border;  // row k - lane's edge, read a step ahead
+    Edge<AFFINE> edge_now = border, edge_next = border;
+    if (reads_edge) edge_now = edge[min(lane, M - 1)], edge_next = edge[min(kWarp + lane, M - 1)];
     int letter_next = lane < M ? call.query[lane] : 0;
     const int steps = M + kWarp - 1;
     // Rescale segment s by 2^-shift (exact: a power of two in two factors), its best so far folded into
@@ -249,6 +254,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       __syncwarp();
       fill_chunk(ring, table, stride, K, k >> 5, letter_next, lane);
       letter_next = k + kWarp + lane < M ? call.query[k + kWarp + lane] : 0;
+      if (reads_edge && k > 0) edge_now = edge_next, edge_next = edge[min(k + kWarp + lane, M - 1)];
       __syncwarp();
     };
     // What a step found for the rescaling after it: some segment of the lane passed 2^U, or has sigma > F and
@@ -283,8 +289,12 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       float x_in = __shfl_up_sync(kFull, x_send, 1, G);
       int sig_in = __shfl_up_sync(kFull, sig_send, 1, G);
       float xt_in = AFFINE ? __shfl_up_sync(kFull, xt_send, 1, G) : 0.0f;
-      const Edge<AFFINE> here = ahead;
-      if (reads_edge) ahead = edge[min(max(i + 1, 0), M - 1)];  // past the ends: a row no step uses
+      Edge<AFFINE> here = border;
+      if (reads_edge) {  // row k: lane 0's (past the ends: a row no step uses)
+        here.x = __shfl_sync(kFull, edge_now.x, k & (kWarp - 1));
+        here.sig = __shfl_sync(kFull, edge_now.sig, k & (kWarp - 1));
+        if constexpr (AFFINE) here.xt = __shfl_sync(kFull, edge_now.xt, k & (kWarp - 1));
+      }
       if (g == 0) {
         x_in = here.x, sig_in = here.sig;
         if constexpr (AFFINE) xt_in = here.xt;
