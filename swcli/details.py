@@ -162,8 +162,12 @@ def _alignment_column(name: str, rows: Rows, alignments: _host.Tracebacks, alpha
     if name == "gaps":
         return Column(INTEGER, gaps)
     if name in ("fident", "pident"):
-        fraction = identities / np.maximum(length, 1)  # an empty alignment: 0
-        return Column(FIXED, fraction, precision=3) if name == "fident" else Column(FIXED, 100 * fraction, precision=1)
+        # thousandths of nident / alnlen (tenths of a percent), rounded half up from the counts: a float
+        # quotient rounds ties either way (23 / 80 = 0.2875 printed 0.287, 49 / 80 = 0.6125 printed 0.613)
+        counts = identities.astype(np.int64)
+        thousandths = (2000 * counts + length) // np.maximum(2 * length, 1)  # an empty alignment: 0
+        return (Column(FIXED, thousandths / 1000, precision=3) if name == "fident"
+                else Column(FIXED, thousandths / 10, precision=1))
     if name == "cigar":
         text, offsets = _host.cigars(alignments)
         return Column(TEXT, text, offsets)

@@ -190,6 +190,20 @@ def test_text_columns_and_the_empty_alignment():
     assert runs == operations(alignments, 0)
 
 
+@pytest.mark.parametrize("identical,length", [(23, 80), (49, 80), (1, 3), (2, 3), (1, 8), (7, 7), (0, 5)])
+def test_identity_is_rounded_half_up_from_the_counts(tmp_path, capsys, identical, length):
+    """fident and pident from nident and alnlen exactly: 23 / 80 is 0.288 and 28.8, where a float quotient
+    printed 0.287 and 28.7."""
+    query, target = "W" * identical + "I" * (length - identical), "W" * identical + "V" * (length - identical)
+    fasta = write_fasta(tmp_path / "p.fa", [("q", query), ("t", target)])
+    code, out, err = cli(["align", fasta, "-t", "0", "--backend", "cpu", "--format-output",
+                          "alnlen,nident,fident,pident"], capsys)
+    thousandths = (2000 * identical + length) // (2 * length)
+    assert code == 0 and out.splitlines()[1].split("\t") == [
+        str(length), str(identical), f"{thousandths // 1000}.{thousandths % 1000:03d}",
+        f"{thousandths // 10}.{thousandths % 10}"]
+
+
 def test_parse_columns_keeps_the_order():
     assert parse_columns("evalue,query, cigar") == ("evalue", "query", "cigar")
     assert len(COLUMNS) == 21
