@@ -14,8 +14,8 @@ exactly the hits that a stable sort by database order and then by score would, w
 On CUDA the host never waits for the device inside a query: query i + 1's blocks are queued before the
 results of query i are read (`Searcher.step`), so the device goes from one query to the next. Within a
 query, two streams take the kernel's launches in turn (`LaunchStreams`), so that one launch's last wave
-shares the SMs with the next. The hits' details (--format-output) are computed in a worker thread (details.InOrder) while the next queries are
-scored.
+shares the SMs with the next. The hits' details (--format-output) are computed in a worker thread
+(details.InOrder) while the next queries are scored.
 """
 
 from __future__ import annotations
@@ -252,7 +252,8 @@ class SearchKernel:
     """What the two search kernels share: a block is scored in one launch or in several (launches), each
     a run of its rows (score_rows), whose scores are then joined."""
 
-    def units(self, block: "Block", launches: tuple[tuple[int, int, int], ...] | None) -> tuple[tuple[int, int, int], ...]:
+    def units(self, block: "Block",
+              launches: tuple[tuple[int, int, int], ...] | None) -> tuple[tuple[int, int, int], ...]:
         """(start, stop, width) of each launch that scores the block: launches, or the whole block in one
         (width 0: the operator takes the block's)."""
         return launches or ((0, block.codes.shape[0], 0),)
