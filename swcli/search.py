@@ -528,6 +528,8 @@ class Searcher:
         self.affine = ({} if gap_open is None and gap_extend is None
                        else {"gap_open": gap_open, "gap_extend": gap_extend})
         self.backend, self.device = backend, torch.device(device or "cpu")
+        if self.device.type == "cuda" and self.device.index is None:  # the device now current, for good
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.on_gpu = self.device.type == "cuda"
         self.matrix = matrix.to(self.device)
         # A search kernel scores whole blocks where it takes the settings (on CUDA): the exact 16-bit one at
@@ -621,11 +623,14 @@ class Searcher:
                 timing(pending)
                 candidates.append(self.candidates(pending, index, block, scores))
         else:
-            # every launch queued before any block's top-k, so that launches follow each other on the streams
+            # every launch queued before any block's top-k, so that launches follow each other on the streams;
+            # blocks padded again for the query are made first, outside the scoring calls' time (each is
+            # kept in pending.flagged until the query is finished anyway)
+            blocks = list(self.blocks())
             timing = self.timing()
             scored = [(block, [self.streams.run(lambda unit=unit: kernel.score_rows(query, block, *unit))
                                for unit in kernel.units(block, launches)])
-                      for block, launches in zip(self.blocks(), self.launches)]
+                      for block, launches in zip(blocks, self.launches)]
             self.streams.join()
             timing(pending)
             for index, (block, parts) in enumerate(scored):
@@ -688,10 +693,10 @@ class Searcher:
         query's: a pair of CUDA events (read once the query's work is done), or the host clock's seconds."""
         if self.on_gpu:
             started, finished = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            started.record()
+            started.record(torch.cuda.current_stream(self.device))
 
             def end(pending: Pending) -> None:
-                finished.record()
+                finished.record(torch.cuda.current_stream(self.device))
                 pending.events.append((started, finished))
         else:
             began = time.perf_counter()
