@@ -540,8 +540,8 @@ def search(
     with distributed.phase(group):
         settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
         _host.load()
-        if statistics_needed(columns, rank) and queries != "-":
-            read_queries(queries, settings)  # a bad query is said at once, not after lambda and K's estimate
+        # read now where lambda and K are needed: a bad query is said at once, not after their estimate
+        queries_read = read_queries(queries, settings) if statistics_needed(columns, rank) else None
     distributed.check_engine(group, settings)
     statistics = _statistics(columns, settings, lambda_, k, alpha, beta, quiet, rank, group)
     formatter = _formatter(columns, settings, statistics)
@@ -551,7 +551,7 @@ def search(
         done = run(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
                    progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter,
                    rank=statistics if rank is Rank.evalue else None,
-                   warn=lambda text: typer.echo(f"swcli: warning: {text}", err=True))
+                   warn=lambda text: typer.echo(f"swcli: warning: {text}", err=True), queries_read=queries_read)
     except BrokenPipeError:
         _reader_left()
     if stats_ and distributed.is_leader(group):

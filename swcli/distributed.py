@@ -704,7 +704,7 @@ def shard_bounds(offsets: np.ndarray, size: int) -> list[tuple[int, int]]:
 
 def run_search(group: Group, queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
                header: bool = True, max_bytes: int | None = None, progress=None, formatter=None, rank=None,
-               warn=None):
+               warn=None, queries_read=None):
     """search.run_search shared by the ranks of `group`: the same arguments and output (warn: rank 0's)."""
     from swcli.output import COLUMNS, TsvWriter
     from swcli.search import (DEFAULT_MAX_BYTES, HitRows, Searcher, SearchStats, check_inputs, read_inputs,
@@ -715,7 +715,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
         with phase(group):
             inject(group, "read")
             check_inputs(queries, database)
-            records, codes, db = read_inputs(queries, database, settings, warn if group.leader else None)
+            records, codes, db = read_inputs(queries, database, settings, warn if group.leader else None, queries_read)
         group.same("the queries and the database (count, residues)",
                    [len(records), sum(map(len, codes)), len(db), db.residues])
         stats.total, stats.sequences, stats.residues, stats.host_bytes = len(records), len(db), db.residues, db.nbytes

@@ -860,12 +860,13 @@ def read_queries(queries: str, settings) -> tuple[list, list[bytes]]:
     return records, [settings.matrix.encode(record.sequence, record.where) for record in records]
 
 
-def read_inputs(queries: str, database: str, settings, warn=None) -> tuple[list, list[bytes], Database]:
-    """The query records and their codes (read_queries), and the database. warn(text), if given, hears of
-    database ids that repeat (their hits cannot be told apart)."""
+def read_inputs(queries: str, database: str, settings, warn=None,
+                queries_read: tuple[list, list[bytes]] | None = None) -> tuple[list, list[bytes], Database]:
+    """The query records and their codes (read_queries, or queries_read where the caller has them), and the
+    database. warn(text), if given, hears of database ids that repeat (their hits cannot be told apart)."""
     from swcli import database as databases
 
-    records, codes = read_queries(queries, settings)
+    records, codes = queries_read if queries_read is not None else read_queries(queries, settings)
     db = open_database(database, settings.matrix)
     repeated = databases.duplicate_ids(db) if warn is not None else None
     if repeated is not None:
@@ -875,21 +876,23 @@ def read_inputs(queries: str, database: str, settings, warn=None) -> tuple[list,
 
 def run_search(queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
                header: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, progress=None,
-               formatter=None, rank=None, warn=None) -> SearchStats:
+               formatter=None, rank=None, warn=None,
+               queries_read: tuple[list, list[bytes]] | None = None) -> SearchStats:
     """`swcli search` as a function: read and check the queries, open the database (a FASTA file or a
     makedb folder), search, write the TSV to `output` (None: stdout). settings: the pipeline's Settings,
     its engine already loaded, so that start-up stays out of the returned SearchStats (seconds run from
     the queries' reading to the output's completion). progress(total), if given, makes the bar.
     formatter: a details.Formatter for other columns than the default ones (computed for the hits only);
     rank: a statistics.KarlinAltschul to keep and write each query's hits by E-value (None: by score).
-    warn(text): told of the database's repeated ids (read_inputs)."""
+    warn(text): told of the database's repeated ids (read_inputs). queries_read: read_queries(queries,
+    settings) where the caller already read them (their reading is then not in the seconds)."""
     from contextlib import nullcontext
 
     from swcli.output import COLUMNS, TsvWriter
 
     check_inputs(queries, database)
     stats = SearchStats()
-    records, codes, db = read_inputs(queries, database, settings, warn)
+    records, codes, db = read_inputs(queries, database, settings, warn, queries_read)
     stats.total = len(records)
     interrupt.check()
     columns = formatter.columns if formatter is not None else COLUMNS
