@@ -41,10 +41,11 @@ import sys
 import torch
 
 
-def swept_columns(lengths, start: int, stop: int, shapes, targets_per_group: int, step: int) -> int:
+def swept_columns(lengths, start: int, stop: int, shapes, targets_per_group: int, step: int,
+                  fewest: int = 16) -> int:
     """Columns a search kernel sweeps for a block: the launch's lanes a group G by the block's widest target
     (its first), then each warp (32 / G groups of targets_per_group targets) its tiles of warp_columns
-    columns a lane."""
+    columns a lane (past one tile, at least `fewest`)."""
     from swcli.search import warp_columns
 
     G, most = next(((g, r) for g, r in shapes if int(lengths[start]) <= g * r), shapes[-1])
@@ -54,7 +55,7 @@ def swept_columns(lengths, start: int, stop: int, shapes, targets_per_group: int
         widest = int(lengths[first])  # longest first
         if widest == 0:
             break  # the rest are empty: their warps take no tile
-        tile = G * warp_columns(G, widest, most, step)
+        tile = G * warp_columns(G, widest, most, step, fewest)
         total += min(per_warp, stop - first) * math.ceil(widest / tile) * tile
     return total
 
@@ -69,11 +70,12 @@ def padded_cells(searcher, query_lengths) -> tuple[int, int]:
     if kernel is None:
         return cells, cells
     if kernel is searcher.exact:
-        shapes, per_group, step = ExactSearch.SHAPES[kernel.affine], 2, 2
+        shapes, per_group, step, fewest = ExactSearch.SHAPES[kernel.affine], 2, 2, 16
     else:
-        shapes, per_group, step = SoftSearch.SHAPES[kernel.settings["affine"]], 1, SoftSearch.SEGMENT
+        affine = kernel.settings["affine"]
+        shapes, per_group, step, fewest = SoftSearch.SHAPES[affine], 1, SoftSearch.SEGMENT, SoftSearch.FEWEST[affine]
     lengths = searcher.lengths
-    padded = sum(swept_columns(lengths, start + first, start + last, shapes, per_group, step)
+    padded = sum(swept_columns(lengths, start + first, start + last, shapes, per_group, step, fewest)
                  for (start, stop), launches in zip(searcher.bounds, searcher.launches)
                  for first, last, _ in launches or ((0, stop - start, 0),))
     return padded * sum(query_lengths), cells

@@ -186,14 +186,14 @@ class TileClasses:
         return int(self.waves * self.sms * self.threads_per_sm // lanes * self.targets_per_group)
 
 
-def warp_columns(lanes: int, widest: int, most: int, step: int) -> int:
+def warp_columns(lanes: int, widest: int, most: int, step: int, fewest: int = 16) -> int:
     """The search kernels' columns a lane for a warp of groups of `lanes` lanes whose widest target is
     `widest` (warp_columns in kernels/cuda/common.cuh, which this mirrors for the benchmarks and tests): the
-    narrowest tile that holds it, from 8 up to `most` by `step`; past the widest tile, the tiles of 16 or
-    more columns a lane that pad the fewest columns, ties to the most."""
+    narrowest tile that holds it, from 8 up to `most` by `step`; past the widest tile, the tiles of `fewest`
+    or more columns a lane that pad the fewest columns, ties to the most."""
     if widest <= lanes * most:
         return -(-max(-(-widest // lanes), 8) // step) * step
-    return min(range(most, 15, -step), key=lambda r: (-(-widest // (lanes * r)) * lanes * r, -r))
+    return min(range(most, fewest - 1, -step), key=lambda r: (-(-widest // (lanes * r)) * lanes * r, -r))
 
 
 def _sms(device) -> int:
@@ -348,6 +348,7 @@ class SoftSearch(SearchKernel):
     # R columns a lane (each warp takes the whole segments its own targets need); 4 blocks of 128 threads an
     # SM (its launch bounds).
     SHAPES = {False: ((8, 32), (16, 32), (32, 32)), True: ((8, 24), (16, 24), (32, 24))}
+    FEWEST = {False: 24, True: 16}  # columns a lane past one tile, at least (kFewestColumns: warp_columns's fewest)
     FILL_WAVES = None  # blocks by cells alone: cut at its classes, the search measured no faster
     # Within a block, a launch per tile class once the class holds LAUNCH_WAVES launches' worth of targets
     # (launches; None: one launch a block): a launch takes its lanes a group from its widest target, so one

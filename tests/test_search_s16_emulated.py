@@ -59,12 +59,13 @@ def check(kernel, rng: torch.Generator, lengths: list[int], gaps, queries=(1, 40
 
 def test_the_python_mirror_of_warp_columns_is_the_kernels(kernel):
     """swcli.search.warp_columns (the benchmarks' and these tests' model of the kernels' choice) gives what
-    common.cuh's gives, for both kernels' limits and steps, single tiles and several."""
+    common.cuh's gives, for both kernels' limits and steps (and the soft kernel's fewest columns past one
+    tile), single tiles and several."""
     for lanes in (8, 16, 32):
-        for most, step in ((32, 2), (28, 2), (32, 8), (24, 8)):
+        for most, step, fewest in ((32, 2, 16), (28, 2, 16), (32, 8, 16), (32, 8, 24), (24, 8, 16)):
             for widest in [*range(0, 3 * lanes * most, 7), lanes * most, lanes * most + 1, 20_000]:
-                assert warp_columns(lanes, widest, most, step) == kernel.warp_columns(lanes, widest, most, step), (
-                    lanes, widest, most, step)
+                assert (warp_columns(lanes, widest, most, step, fewest)
+                        == kernel.warp_columns(lanes, widest, most, step, fewest)), (lanes, widest, most, step, fewest)
 
 
 @pytest.mark.parametrize("gaps", GAPS, ids=str)

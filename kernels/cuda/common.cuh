@@ -156,17 +156,19 @@ struct Pair {
 // The search kernels' columns a lane for a warp of groups of G lanes whose widest target is `widest`
 // (search_s16.cu, search_soft.cu; swcli.search.warp_columns mirrors it): the narrowest tile that holds it,
 // from 8 columns a lane up to `most` by `step`, so that its targets pay at most `step` columns a lane of
-// padding; past the widest tile, the tiles of 16 or more columns a lane that pad the fewest columns (a
-// narrower tile would repeat the step's fixed cost and the wavefront's ramp too often; ties: the most).
-__device__ __forceinline__ int warp_columns(int G, int widest, int most, int step) {
+// padding; past the widest tile, the tiles of `fewest` or more columns a lane that pad the fewest columns
+// (a narrower tile would repeat the step's fixed cost and the wavefront's ramp too often; ties: the most).
+// Each R is its own compiled sweep: a kernel whose warps alternate among many of them at neighbouring
+// lengths runs short of instruction cache, which `fewest` bounds.
+__device__ __forceinline__ int warp_columns(int G, int widest, int most, int step, int fewest = 16) {
   if (widest <= G * most) {
     const int r = max((widest + G - 1) / G, 8);
     return (r + step - 1) / step * step;
   }
-  int chosen = most, fewest = 0;
-  for (int r = most; r >= 16; r -= step) {
+  int chosen = most, least = 0;
+  for (int r = most; r >= fewest; r -= step) {
     const int padded = (widest + G * r - 1) / (G * r) * (G * r);
-    if (r == most || padded < fewest) chosen = r, fewest = padded;
+    if (r == most || padded < least) chosen = r, least = padded;
   }
   return chosen;
 }

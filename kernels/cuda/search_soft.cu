@@ -422,9 +422,13 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
   }
 }
 
-// Columns a lane, by warp (warp_columns in common.cuh): whole segments, 8 to 32.
+// Columns a lane, by warp (warp_columns in common.cuh): whole segments, 8 to 32; past one tile, the most
+// or a segment fewer. (Linear tiles of 16 columns too, beside the 24 and 32 of the same launch's targets,
+// slowed that launch by instruction-cache misses more than their padding saved.)
 template <bool AFFINE>
 inline constexpr int kMostColumns = AFFINE ? 24 : 32;  // the affine cell holds Y~ too: 32 would spill
+template <bool AFFINE>
+inline constexpr int kFewestColumns = kMostColumns<AFFINE> - kSegment;
 
 template <int G, bool AFFINE>
 __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const SearchSoftCall call) {
@@ -457,7 +461,7 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
   w.ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
   const int widest = __reduce_max_sync(kFull, unsigned(w.len));
-  const int columns = warp_columns(G, widest, kMostColumns<AFFINE>, kSegment);
+  const int columns = warp_columns(G, widest, kMostColumns<AFFINE>, kSegment, kFewestColumns<AFFINE>);
   const int tiles = (widest + G * columns - 1) / (G * columns);  // 0 where every target is empty
   long long best_key = scaled_key(0, 1.0f);  // the zero border, E = 1
   bool failed = false;

@@ -4,7 +4,9 @@
 
 extern "C" {
 // The search kernels' columns a lane for a warp (common.cuh), which swcli.search.warp_columns mirrors.
-int emu_warp_columns(int G, int widest, int most, int step) { return swcli_cuda::warp_columns(G, widest, most, step); }
+int emu_warp_columns(int G, int widest, int most, int step, int fewest) {
+  return swcli_cuda::warp_columns(G, widest, most, step, fewest);
+}
 int64_t emu_search_s16_edge_bytes(int64_t B, int64_t M, int64_t N, int affine) {
   return sw_cuda_search_s16_edge_bytes(B, M, N, affine != 0);
 }

@@ -155,14 +155,14 @@ class EmulatedSearchS16:
         lib.emu_search_s16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        lib.emu_warp_columns.argtypes = [ctypes.c_int] * 4
+        lib.emu_warp_columns.argtypes = [ctypes.c_int] * 5
         lib.emu_search_s16_edge_bytes.restype = ctypes.c_int64
         lib.emu_search_s16_edge_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         self.lib = lib
 
-    def warp_columns(self, lanes: int, widest: int, most: int, step: int) -> int:
+    def warp_columns(self, lanes: int, widest: int, most: int, step: int, fewest: int = 16) -> int:
         """common.cuh's warp_columns, as both search kernels take it."""
-        return self.lib.emu_warp_columns(lanes, widest, most, step)
+        return self.lib.emu_warp_columns(lanes, widest, most, step, fewest)
 
     def scores(self, query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, exact) -> tuple[np.ndarray, int]:
         """(scores (B,) int32, overflows) of uint8 query (M,) against uint8 targets (B, N) with lengths (B,),
