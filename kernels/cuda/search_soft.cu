@@ -28,8 +28,9 @@
 // a power of two, an exact multiply. A segment's input, the last column of the segment to its left (in this
 // lane, the lane to the left, or the previous tile), is converted from that segment's scale by
 // 2^(sigma' - sigma) in two factors (affine: in one where that is a normal float), exact wherever the
-// result is a normal float. So every cell is the same float computation whatever the lanes and tiles: a
-// pair's score has the same bits in every block it can be scored in.
+// result is a normal float (an input from the lane to the left is converted by that lane, with the same
+// factors). So every cell is the same float computation whatever the lanes and tiles: a pair's score has
+// the same bits in every block it can be scored in.
 //
 // Checks (the host derives U, T, the floor F and the padding's bound from the matrix, t and the gaps:
 // search.SoftSearch):
@@ -203,6 +204,14 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     for (int s = 0; s < S; ++s) sig[s] = 0, one[s] = 1.0f, low[s] = 0.0f, diag[s] = 1.0f, best[s] = 0.0f, fa[s] = 1.0f, fb[s] = 1.0f;
     float x_send = 1.0f, xt_send = 1.0f;  // this lane's last column at its last row, for the lane to the right
     int sig_send = 0;
+    // Between the ramps, a lane sends its last column already in the scale of the right lane's first segment
+    // (x_sent, xt_sent: the conversion that lane would make, so the same floats), and the group's first lane
+    // takes the border's 1 in its own first segment's scale (border_in): a step then shuffles one value, not
+    // a value and its scale, and its first segment converts nothing. A step converts its last column by
+    // out_a, out_b (its last segment's scale to the right lane's first's); all of these are made again
+    // wherever a scale they depend on may have changed (refresh, below). A tile's left edge is still
+    // converted by the lane that takes it.
+    float x_sent = 1.0f, xt_sent = 1.0f, out_a = 1.0f, out_b = 1.0f, border_in = 1.0f;
     // The left edge's rows, in a tile after the target's first: lane l holds row 32 c + l of the chunk c of
     // steps being swept (edge_now) and of the next (edge_next, read a chunk ahead, at the profile's fill),
     // and lane 0 takes row k's by a shuffle at step k. The buffer is read a whole tile after it was
@@ -238,6 +247,18 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       else split_pow2(d, a, b);
     };
     auto convert = [](const float x, const float a, const float b) { return AFFINE ? x * a : x * a * b; };
+    // The conversions of what a lane sends and what the border gives, after its or its right neighbour's
+    // scales may have changed: the whole warp, converged.
+    auto refresh = [&]() {
+      const int right = __shfl_down_sync(kFull, sig[0], 1, G);  // (the group's last lane: unused)
+      conversion(sig[S - 1] - right, out_a, out_b);
+      float a, b;
+      conversion(sig_send - right, a, b);  // x_send's scale: a settle may have rescaled its segment since
+      x_sent = convert(x_send, a, b);
+      if constexpr (AFFINE) xt_sent = convert(xt_send, a, b);
+      conversion(-sig[0], a, b);
+      border_in = convert(1.0f, a, b);
+    };
     // Whether any lane of the warp has cond: a branch the whole warp takes or skips (no divergence to
     // reconverge from), where every lane is in the step; in a ramp, the lane's own.
     auto any = [](bool cond, auto ramp) { return decltype(ramp)::value ? cond : __any_sync(kFull, cond); };
@@ -257,12 +278,9 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       if (reads_edge && k > 0) edge_now = edge_next, edge_next = edge[min(k + kWarp + lane, M - 1)];
       __syncwarp();
     };
-    // What a step found for the rescaling after it: some segment of the lane passed 2^U, or has sigma > F and
-    // its first cell under floor_first.
-    bool rescaling = false;
-    // The rescaling after a step, in the lanes whose step found a segment for it.
+    // The rescaling after a step where a lane found a segment for it (step's `rescaling`): a segment that
+    // needs none is left as it is, so every lane may take it (no flag kept across the step for it).
     auto settle = [&]() {
-      if (!rescaling) return;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
         const float hi = segment_max<!AFFINE>(up, s);
@@ -286,31 +304,62 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     auto step = [&](const int k, auto ramp) -> bool {
       const int i = k - lane;
       const unsigned offset = unsigned(k & (kRingRows - 1)) << 2;  // the same in every lane: a uniform register
-      float x_in = __shfl_up_sync(kFull, x_send, 1, G);
-      int sig_in = __shfl_up_sync(kFull, sig_send, 1, G);
-      float xt_in = AFFINE ? __shfl_up_sync(kFull, xt_send, 1, G) : 0.0f;
-      Edge<AFFINE> here = border;
-      if (reads_edge) {  // row k: lane 0's (past the ends: a row no step uses)
-        here.x = __shfl_sync(kFull, edge_now.x, k & (kWarp - 1));
-        here.sig = __shfl_sync(kFull, edge_now.sig, k & (kWarp - 1));
-        if constexpr (AFFINE) here.xt = __shfl_sync(kFull, edge_now.xt, k & (kWarp - 1));
-      }
-      if (g == 0) {
-        x_in = here.x, sig_in = here.sig;
-        if constexpr (AFFINE) xt_in = here.xt;
+      // The input as sent (raw: x_in in the scale sig_in), where the lane converts it: in the ramps and where
+      // the warp takes a tile's left edge; else (sent) as converted by its sender (lv0, xt0).
+      const bool sent = !decltype(ramp)::value && !reads_edge;
+      float x_in, xt_in = 0.0f, lv0, xt0 = 0.0f;
+      int sig_in;
+      // The raw input: the left lane's last column, or row k of the left edge (lane 0's; past the ends: a row
+      // no step uses), or the border.
+      auto take_raw = [&]() {
+        x_in = __shfl_up_sync(kFull, x_send, 1, G);
+        sig_in = __shfl_up_sync(kFull, sig_send, 1, G);
+        if constexpr (AFFINE) xt_in = __shfl_up_sync(kFull, xt_send, 1, G);
+        Edge<AFFINE> here = border;
+        if (reads_edge) {
+          here.x = __shfl_sync(kFull, edge_now.x, k & (kWarp - 1));
+          here.sig = __shfl_sync(kFull, edge_now.sig, k & (kWarp - 1));
+          if constexpr (AFFINE) here.xt = __shfl_sync(kFull, edge_now.xt, k & (kWarp - 1));
+        }
+        if (g == 0) {
+          x_in = here.x, sig_in = here.sig;
+          if constexpr (AFFINE) xt_in = here.xt;
+        }
+      };
+      if (sent) {
+        lv0 = __shfl_up_sync(kFull, x_sent, 1, G);
+        if constexpr (AFFINE) xt0 = __shfl_up_sync(kFull, xt_sent, 1, G);
+        if (g == 0) {
+          lv0 = border_in;
+          if constexpr (AFFINE) xt0 = border_in;
+        }
+      } else {
+        take_raw();
+        float a, b;
+        conversion(sig_in - sig[0], a, b);
+        lv0 = convert(x_in, a, b);
+        if constexpr (AFFINE) xt0 = convert(xt_in, a, b);
       }
       if (decltype(ramp)::value && unsigned(i) >= unsigned(M)) return false;
-      rescaling = false;
-      float x_last = x_in, xt_last = xt_in;
-      int sig_last = sig_in;
+      // some segment of the lane passed 2^U, or has sigma > F and its first cell under floor_first
+      bool rescaling = false;
+      // The input where it is converted (segment 0: taken raw, else the segment to the left's last column).
+      // Sent, segment 0's is taken only where it is read, in the branch past 2^U; never read before.
+      float x_last, xt_last;
+      int sig_last;
+      if (!sent) x_last = x_in, xt_last = xt_in, sig_last = sig_in;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
         float a0 = fa[s], b0 = fb[s];
-        if (s == 0) conversion(sig_in - sig[0], a0, b0);
-        float lv = convert(x_last, a0, b0), xt = AFFINE ? convert(xt_last, a0, b0) : 0.0f;
+        float lv = s == 0 ? lv0 : convert(x_last, a0, b0);
+        float xt = !AFFINE ? 0.0f : s == 0 ? xt0 : convert(xt_last, a0, b0);
         const bool over = !(lv <= upper);  // affine: or a conversion past one factor (a NaN)
         if (any(over, ramp)) {
           converge(ramp);
+          if (s == 0 && sent) {  // the whole warp (between the ramps): the input as sent, to convert again
+            take_raw();
+            x_last = x_in, xt_last = xt_in, sig_last = sig_in;
+          }
           const int delta = sig_last - sig[s];
           bool passes = over;
           if constexpr (AFFINE) {
@@ -331,6 +380,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           if (s > 0) conversion(delta - shift, fa[s], fb[s]);
           if (s + 1 < S) conversion(sig[s] - sig[s + 1], fa[s + 1], fb[s + 1]);
           }
+          if constexpr (!decltype(ramp)::value) refresh();  // a scale may have changed (the whole warp)
         }
         [[maybe_unused]] float left = lv;  // the linear sweep's left neighbour (affine carries xt)
         const float o = one[s];
@@ -371,6 +421,10 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         x_last = up[s * kSegment + kSegment - 1], xt_last = xt, sig_last = sig[s];
       }
       x_send = x_last, xt_send = xt_last, sig_send = sig_last;
+      if constexpr (!decltype(ramp)::value) {  // (a ramp's step is followed by a refresh)
+        x_sent = convert(x_last, out_a, out_b);
+        if constexpr (AFFINE) xt_sent = convert(xt_last, out_a, out_b);
+      }
       if (writes_edge) {
         Edge<AFFINE> e;
         e.x = x_send, e.sig = sig_send;
@@ -383,7 +437,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       // sweeps almost always do, this one test stands for the 8 cells). One test on values already in
       // registers, so that the warp settles only after the steps where a lane needs it.
       if constexpr (decltype(ramp)::value) {
-        settle();
+        if (rescaling) settle();
         return false;
       } else {
         return __any_sync(kFull, rescaling);
@@ -393,6 +447,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     auto ramp_step = [&](const int k) {
       if ((k & (kWarp - 1)) == 0) fill(k);
       step(k, std::true_type{});
+      refresh();  // the ramp's lanes settle on their own
     };
     int k = 0;
     for (; k < min(kWarp - 1, steps); ++k) ramp_step(k);
@@ -410,6 +465,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       if (unsettled) {
         __syncwarp();
         settle();
+        refresh();
       }
     }
     for (; k < steps; ++k) ramp_step(k);
