@@ -252,7 +252,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     auto refresh = [&]() {
       const int right = __shfl_down_sync(kFull, sig[0], 1, G);  // (the group's last lane: unused)
       conversion(sig[S - 1] - right, out_a, out_b);
-      float a, b;
+      float a, b = 1.0f;  // (b: linear only)
       conversion(sig_send - right, a, b);  // x_send's scale: a settle may have rescaled its segment since
       x_sent = convert(x_send, a, b);
       if constexpr (AFFINE) xt_sent = convert(xt_send, a, b);
@@ -335,7 +335,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         }
       } else {
         take_raw();
-        float a, b;
+        float a, b = 1.0f;  // (b: linear only)
         conversion(sig_in - sig[0], a, b);
         lv0 = convert(x_in, a, b);
         if constexpr (AFFINE) xt0 = convert(xt_in, a, b);
