@@ -7,8 +7,10 @@ prepared once by `swcli makedb` into a folder whose arrays are memory-mapped, so
 start without reading or encoding the FASTA again.
 
 The folder: codes.u8, offsets.i64, index.i64 (raw little-endian arrays), ids.txt (one id per line, in
-database order) and meta.json (format, alphabet, counts). It is written into a temporary folder beside
-the destination and renamed into place, so a killed makedb leaves no half-written database.
+database order) and meta.json (format, alphabet, counts, and each other file's CRC-32, checked when the
+folder is opened: a change that keeps every file well-formed, a code still a letter, would otherwise go
+unseen). It is written into a temporary folder beside the destination and renamed into place, so a
+killed makedb leaves no half-written database.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import shlex
 import shutil
 import tempfile
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,7 @@ from swcli.scoring import SubstitutionMatrix, load_matrix
 
 FORMAT = "swcli-database-1"
 FILES = ("codes.u8", "offsets.i64", "index.i64", "ids.txt", "meta.json")
+CHECKED = FILES[:-1]  # the files whose CRC-32 meta.json keeps
 
 
 @dataclass(frozen=True)
@@ -183,12 +187,15 @@ def save(database: Database, folder: str | Path) -> None:
     except OSError as exc:
         raise DatabaseError(f"{folder}: cannot create it ({exc.strerror})") from None
     try:
-        _write_array(staging / "codes.u8", database.codes, "<u1")
-        _write_array(staging / "offsets.i64", database.offsets, "<i8")
-        _write_array(staging / "index.i64", database.index, "<i8")
-        (staging / "ids.txt").write_text("".join(f"{i}\n" for i in database.ids), encoding="utf-8")
+        ids = "".join(f"{i}\n" for i in database.ids).encode("utf-8")
+        checksums = {"codes.u8": _write_array(staging / "codes.u8", database.codes, "<u1"),
+                     "offsets.i64": _write_array(staging / "offsets.i64", database.offsets, "<i8"),
+                     "index.i64": _write_array(staging / "index.i64", database.index, "<i8"),
+                     "ids.txt": zlib.crc32(ids)}
+        (staging / "ids.txt").write_bytes(ids)
         meta = {"format": FORMAT, "alphabet": database.alphabet, "matrix": database.matrix,
-                "sequences": len(database), "residues": database.residues, "source": database.source}
+                "sequences": len(database), "residues": database.residues, "source": database.source,
+                "crc32": checksums}
         (staging / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         os.chmod(staging, 0o755)
         os.rename(staging, folder)
@@ -200,11 +207,14 @@ def save(database: Database, folder: str | Path) -> None:
         raise
 
 
-def _write_array(path: Path, array: np.ndarray, dtype: str) -> None:
+def _write_array(path: Path, array: np.ndarray, dtype: str) -> int:
+    """Writes the array's bytes; returns their CRC-32."""
     # Through a file object rather than ndarray.tofile, whose short write on a full disk is an OSError
     # without its errno ("N requested and M written"), not "No space left on device".
+    data = memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B")
     with open(path, "wb") as out:
-        out.write(memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B"))
+        out.write(data)
+    return zlib.crc32(data)
 
 
 def is_prepared(path: str | Path) -> bool:
@@ -268,7 +278,25 @@ def _load(folder: Path) -> Database:
         at = int(np.flatnonzero(np.asarray(codes) >= len(alphabet))[0])
         raise DatabaseError(f"{folder}/codes.u8: byte {at} is code {int(codes[at])}, past the {len(alphabet)} "
                             "letters of its alphabet; prepare it again")
+    _check_crc32(folder, meta, {"codes.u8": codes, "offsets.i64": offsets, "index.i64": index, "ids.txt": raw_ids})
     return Database(codes, offsets, index, ids, alphabet, str(folder), str(meta.get("matrix") or ""))
+
+
+def _check_crc32(folder: Path, meta: dict, contents: dict) -> None:
+    """Each file's CRC-32 against the one makedb kept in meta.json, after the checks that name what is wrong
+    (a folder from before makedb kept them has none, and is taken as it is)."""
+    if "crc32" not in meta:
+        return
+    kept = meta["crc32"]
+    if not (isinstance(kept, dict) and all(type(kept.get(name)) is int for name in CHECKED)):
+        raise DatabaseError(f"{folder}/meta.json: its crc32 is not a CRC-32 for each of {', '.join(CHECKED)}; "
+                            "prepare it again")
+    for name in CHECKED:
+        data = contents[name]
+        found = zlib.crc32(data if isinstance(data, bytes) else memoryview(np.ascontiguousarray(data)).cast("B"))
+        if found != kept[name]:
+            raise DatabaseError(f"{folder}/{name}: changed since makedb wrote it (CRC-32 {found:08x}, meta.json "
+                                f"keeps {kept[name]:08x}); prepare it again")
 
 
 def _array(path: Path, dtype, size: int) -> np.ndarray:

@@ -149,6 +149,40 @@ def test_damaged_folders_are_refused(tmp_path, damage, message):
         database.load(tmp_path / "db")
 
 
+def _swap_index(folder) -> None:
+    """Two sequences' database order swapped: still an order of the sequences."""
+    index = np.fromfile(folder / "index.i64", dtype="<i8")
+    index[[0, 1]] = index[[1, 0]]
+    index.tofile(folder / "index.i64")
+
+
+@pytest.mark.parametrize("damage, message", [
+    # each change keeps every file well-formed: only the CRC-32 that makedb kept sees it
+    (lambda f: _edit_bytes(f / "codes.u8", 3, (f / "codes.u8").read_bytes()[3] ^ 1), r"codes\.u8: changed since makedb"),
+    (lambda f: (f / "ids.txt").write_text("s0\ns1\nsX\ns3\ns4\n"), r"ids\.txt: changed since makedb"),
+    (_swap_index, r"index\.i64: changed since makedb wrote it \(CRC-32 [0-9a-f]{8}, meta\.json keeps [0-9a-f]{8}\)"),
+    (lambda f: _edit_meta(f, crc32={"codes.u8": 1}), r"meta\.json: its crc32 is not a CRC-32 for each of codes\.u8, "
+                                                     r"offsets\.i64, index\.i64, ids\.txt; prepare it again"),
+    (lambda f: _edit_meta(f, crc32="abc"), r"meta\.json: its crc32 is not a CRC-32"),
+    (lambda f: _edit_meta(f, crc32={"codes.u8": True, "offsets.i64": 0, "index.i64": 0, "ids.txt": 0}),
+     r"meta\.json: its crc32 is not a CRC-32"),
+])
+def test_a_change_inside_the_alphabet_is_refused_by_the_kept_crc32(tmp_path, damage, message):
+    database.save(database.build(records(5, seed=5), BLOSUM62, "db.fa"), tmp_path / "db")
+    database.load(tmp_path / "db")  # as made
+    damage(tmp_path / "db")
+    with pytest.raises(DatabaseError, match=message):
+        database.load(tmp_path / "db")
+
+
+def test_a_folder_from_before_the_crc32_loads(tmp_path):
+    db = database.build(records(4, seed=9), BLOSUM62, "db.fa")
+    database.save(db, tmp_path / "db")
+    _edit_meta(tmp_path / "db", crc32=None)  # as makedb wrote it before it kept them
+    older = database.load(tmp_path / "db")
+    assert older.ids == db.ids and np.array_equal(np.asarray(older.codes), db.codes)
+
+
 def test_alphabet_of_another_matrix_is_refused():
     db = database.build(records(3, seed=6), BLOSUM62, "db.fa")
     db.check_alphabet(load_matrix("BLOSUM45"))  # the same alphabet
