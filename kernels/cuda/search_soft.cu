@@ -247,17 +247,21 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       else split_pow2(d, a, b);
     };
     auto convert = [](const float x, const float a, const float b) { return AFFINE ? x * a : x * a * b; };
+    // x from a scale d above the lane's, as a lane converts an input
+    auto converted = [&](const float x, const int d) {
+      float a, b = 1.0f;  // (b: linear only)
+      conversion(d, a, b);
+      return convert(x, a, b);
+    };
     // The conversions of what a lane sends and what the border gives, after its or its right neighbour's
     // scales may have changed: the whole warp, converged.
     auto refresh = [&]() {
       const int right = __shfl_down_sync(kFull, sig[0], 1, G);  // (the group's last lane: unused)
       conversion(sig[S - 1] - right, out_a, out_b);
-      float a, b = 1.0f;  // (b: linear only)
-      conversion(sig_send - right, a, b);  // x_send's scale: a settle may have rescaled its segment since
-      x_sent = convert(x_send, a, b);
-      if constexpr (AFFINE) xt_sent = convert(xt_send, a, b);
-      conversion(-sig[0], a, b);
-      border_in = convert(1.0f, a, b);
+      // from x_send's scale: a settle may have rescaled its segment since
+      x_sent = converted(x_send, sig_send - right);
+      if constexpr (AFFINE) xt_sent = converted(xt_send, sig_send - right);
+      border_in = converted(1.0f, -sig[0]);
     };
     // Whether any lane of the warp has cond: a branch the whole warp takes or skips (no divergence to
     // reconverge from), where every lane is in the step; in a ramp, the lane's own.
@@ -335,10 +339,8 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         }
       } else {
         take_raw();
-        float a, b = 1.0f;  // (b: linear only)
-        conversion(sig_in - sig[0], a, b);
-        lv0 = convert(x_in, a, b);
-        if constexpr (AFFINE) xt0 = convert(xt_in, a, b);
+        lv0 = converted(x_in, sig_in - sig[0]);
+        if constexpr (AFFINE) xt0 = converted(xt_in, sig_in - sig[0]);
       }
       if (decltype(ramp)::value && unsigned(i) >= unsigned(M)) return false;
       // some segment of the lane passed 2^U, or has sigma > F and its first cell under floor_first
