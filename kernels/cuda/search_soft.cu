@@ -423,7 +423,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         x_last = up[s * kSegment + kSegment - 1], xt_last = xt, sig_last = sig[s];
       }
       x_send = x_last, xt_send = xt_last, sig_send = sig_last;
-      if constexpr (!decltype(ramp)::value) {  // (a ramp's step is followed by a refresh)
+      if constexpr (!decltype(ramp)::value) {  // (a ramp's steps: the refresh before the loop)
         x_sent = convert(x_last, out_a, out_b);
         if constexpr (AFFINE) xt_sent = convert(xt_last, out_a, out_b);
       }
@@ -449,10 +449,11 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     auto ramp_step = [&](const int k) {
       if ((k & (kWarp - 1)) == 0) fill(k);
       step(k, std::true_type{});
-      refresh();  // the ramp's lanes settle on their own
     };
     int k = 0;
     for (; k < min(kWarp - 1, steps); ++k) ramp_step(k);
+    // The ramp's lanes took their inputs raw and settled on their own: what they send, made once for the loop.
+    refresh();
     // The steps between, a chunk of the profile at a time: the fill's test stays out of the steps' loop, whose
     // bound (the chunk's end) is then a register, not the query's length reloaded from the launch's
     // parameters; and the loop leaves to settle, so that the steps that need no rescaling (almost all) take
