@@ -606,12 +606,14 @@ def soft_segment_cells(up, yt, diag, left, xt, powers, one, plan: dict):
     (diag), the input from the left (left; affine: and X~ entering, xt), P of each cell, the 1 (one).
     Returns the row's values, Y~ of the next row, and X~ leaving the segment."""
     gf, ef = np.float32(plan["gap_factor"]), np.float32(plan["extend_factor"])
+    whole = np.float32(gf + ef)  # affine: E
     cells, below = np.empty_like(up), yt.copy()
     d = diag
     for r in range(up.shape[1]):
         if plan["affine"]:
-            x = _fma(gf, _ftz(xt + yt[:, r]), _fma(d, powers[:, r], one))
-            xt = _fma(ef, xt, x)
+            z = _fma(gf, yt[:, r], _fma(d, powers[:, r], one))
+            x = _fma(gf, xt, z)
+            xt = _fma(whole, xt, z)
             below[:, r] = _fma(ef, yt[:, r], x)
         else:
             x = _fma(left, gf, _fma(up[:, r], gf, _fma(d, powers[:, r], one)))

@@ -5,9 +5,10 @@
 //
 // three fused multiply-adds, and the soft Gotoh cell (affine_scaled.cuh) with X~ = X / O and Y~ = Y / O,
 //
-//     H = (1 + H_diag P) + O (X~ + Y~),   X~' = H + (E - O) X~,   Y~' = H + (E - O) Y~
+//     Z = (1 + H_diag P) + O Y~,   H = Z + O X~,   X~' = H + (E - O) X~ = Z + E X~,   Y~' = H + (E - O) Y~
 //
-// five (O = 2^(o c), E = 2^(e c)). P comes from the query's profile in shared memory, one load a cell.
+// five (O = 2^(o c), E = 2^(e c)); X~' is taken from Z, not H, so that the chain along a row is one
+// multiply-add a cell. P comes from the query's profile in shared memory, one load a cell.
 //
 // Layout, as the exact 16-bit kernel's (search_s16.cu): a group of G lanes holds one target, R columns a
 // lane, and sweeps the query's rows as a wavefront; a target wider than a tile (G R columns) is swept tile
@@ -101,20 +102,17 @@ __device__ __forceinline__ float float_at_least(double x) {
   return double(f) < x ? nextafterf(f, INFINITY) : f;
 }
 
-// The largest of segment s's 8 values, a NaN if any is one. LINEAR: the cells are sums of products of
+// The largest of `first` and segment s's 8 values, a NaN if any is one. The cells are sums of products of
 // values >= 0 (never -0), and a NaN made on the GPU is 0x7fffffff, so their bits order as signed integers
 // as the values do, a NaN above all: three-way integer maxima (VIMNMX3, one instruction for three) take 4
-// instructions where float maxima take 7. (The affine sweep keeps the float tree: its registers are full,
-// and the integer one spilled there.)
-template <bool LINEAR, int R>
-__device__ __forceinline__ float segment_max(const float (&v)[R], int s) {
-  const float* const x = v + s * 8;
-  if constexpr (LINEAR) {
-    auto bits = [](float f) { return __float_as_int(f); };
-    return __int_as_float(__vimax3_s32(__vimax3_s32(bits(x[0]), bits(x[1]), bits(x[2])),
-                                       __vimax3_s32(bits(x[3]), bits(x[4]), bits(x[5])), max(bits(x[6]), bits(x[7]))));
-  }
-  return max_nan(max_nan(max_nan(x[0], x[1]), max_nan(x[2], x[3])), max_nan(max_nan(x[4], x[5]), max_nan(x[6], x[7])));
+// instructions for these 9 values, where float maxima take 8.
+template <int R>
+__device__ __forceinline__ float segment_max(float first, const float (&v)[R], int s) {
+  const float* const x = v + s * kSegment;
+  auto bits = [](float f) { return __float_as_int(f); };
+  return __int_as_float(__vimax3_s32(__vimax3_s32(bits(first), bits(x[0]), bits(x[1])),
+                                     __vimax3_s32(bits(x[2]), bits(x[3]), bits(x[4])),
+                                     __vimax3_s32(bits(x[5]), bits(x[6]), bits(x[7]))));
 }
 
 // One query row of the profile for every letter, 32 rows at a time: lane l writes row 32 m + l (letter
@@ -175,6 +173,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
   // it near floor_first, and the segment would rise again at once.)
   const int landing = AFFINE ? call.middle : 2 * call.middle - call.upper;
   const float gf = call.gap_factor, ef = call.extend_factor;  // G, or O and E - O
+  const float whole = gf + ef;                                 // affine: E
   const unsigned ring_lane = w.ring_lane;
   Edge<AFFINE> border{};
   border.x = 1.0f, border.sig = 0;
@@ -287,7 +286,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     auto settle = [&]() {
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        const float hi = segment_max<!AFFINE>(up, s);
+        const float hi = segment_max(0.0f, up, s);
         const bool near_floor = up[s * kSegment] < low[s];
         if (near_floor) {  // the cells inside the target, against the floor
           float lo = FLT_MAX;
@@ -396,8 +395,10 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           const float dp_next = r + 1 < kSegment ? fmaf(u, load_shared(at[q + 1] + offset), o) : 0.0f;
           float x;
           if constexpr (AFFINE) {
-            x = fmaf(gf, xt + yt[q], dp);
-            xt = fmaf(ef, xt, x);
+            // X~' from Z, not from H: the chain along the row is then one multiply-add a cell, not three.
+            const float z = fmaf(gf, yt[q], dp);
+            x = fmaf(gf, xt, z);
+            xt = fmaf(whole, xt, z);
             yt[q] = fmaf(ef, yt[q], x);
           } else {
             x = fmaf(left, gf, fmaf(u, gf, dp));
@@ -407,17 +408,8 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           up[q] = x;
         }
         // best[s] is the largest value since the segment's last rescale, which any value past 2^U brings
-        // about at once: so best[s] > 2^U where this row's largest value is. Linear: one three-way integer
-        // maximum more takes best[s] into the tree (4 instructions for 9 values).
-        if constexpr (AFFINE) {
-          best[s] = max_nan(best[s], segment_max<false>(up, s));
-        } else {
-          const float* const x = up + s * kSegment;
-          auto bits = [](float f) { return __float_as_int(f); };
-          best[s] = __int_as_float(__vimax3_s32(__vimax3_s32(bits(best[s]), bits(x[0]), bits(x[1])),
-                                                __vimax3_s32(bits(x[2]), bits(x[3]), bits(x[4])),
-                                                __vimax3_s32(bits(x[5]), bits(x[6]), bits(x[7]))));
-        }
+        // about at once: so best[s] > 2^U where this row's largest value is.
+        best[s] = segment_max(best[s], up, s);
         rescaling |= best[s] > upper || up[s * kSegment] < low[s];
         diag[s] = lv;
         x_last = up[s * kSegment + kSegment - 1], xt_last = xt, sig_last = sig[s];
