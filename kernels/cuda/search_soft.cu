@@ -102,8 +102,8 @@ __device__ __forceinline__ float float_at_least(double x) {
   return double(f) < x ? nextafterf(f, INFINITY) : f;
 }
 
-// The largest of `first` and segment s's 8 values, a NaN if any is one. The cells are sums of products of
-// values >= 0 (never -0), and a NaN made on the GPU is 0x7fffffff, so their bits order as signed integers
+// The largest of `first` (>= 0) and segment s's 8 values, a NaN if any is one. The cells are sums of
+// products of values >= 0 (never -0), and a NaN made on the GPU is 0x7fffffff, so their bits order as signed integers
 // as the values do, a NaN above all: three-way integer maxima (VIMNMX3, one instruction for three) take 4
 // instructions for these 9 values, where float maxima take 8.
 template <int R>
@@ -173,7 +173,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
   // it near floor_first, and the segment would rise again at once.)
   const int landing = AFFINE ? call.middle : 2 * call.middle - call.upper;
   const float gf = call.gap_factor, ef = call.extend_factor;  // G, or O and E - O
-  const float whole = gf + ef;                                 // affine: E
+  [[maybe_unused]] const float whole = gf + ef;                // affine: E (O + (E - O), as the model sums it)
   const unsigned ring_lane = w.ring_lane;
   Edge<AFFINE> border{};
   border.x = 1.0f, border.sig = 0;
@@ -427,9 +427,10 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       }
       // Where a lane has a segment past 2^U, or one with sigma > F whose first cell is under floor_first
       // (each cell is at least C times its left neighbour, C: G (1 - 2^-24), affine O (1 - 2^-24) through
-      // X~, so the segment's cells are at least C^7 times its first: where that clears the floor, which long
-      // sweeps almost always do, this one test stands for the 8 cells). One test on values already in
-      // registers, so that the warp settles only after the steps where a lane needs it.
+      // X~, which is at least the cell's H as E >= O, which the plan requires; so the segment's cells are at
+      // least C^7 times its first: where that clears the floor, which long sweeps almost always do, this one
+      // test stands for the 8 cells). One test on values already in registers, so that the warp settles
+      // only after the steps where a lane needs it.
       if constexpr (decltype(ramp)::value) {
         if (rescaling) settle();
         return false;

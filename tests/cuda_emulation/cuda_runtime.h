@@ -291,8 +291,9 @@ inline unsigned __viaddmax_s16x2_relu(unsigned a, unsigned b, unsigned c) {  // 
     return std::max({int(short(emu::half(a, h) + emu::half(b, h))), emu::half(c, h), 0});
   });
 }
-// (The soft kernel takes maxima of non-negative floats on their bits, where the GPU's NaN, 0x7fffffff,
-// is the largest; x86's is 0xffc00000, negative as an int, so a NaN through them is not emulated.)
+// (The soft kernel takes maxima of non-negative floats on their bits, linear and affine, where the GPU's
+// NaN, 0x7fffffff, is the largest; x86's is 0xffc00000, negative as an int, so a NaN through them is not
+// emulated.)
 inline int __vimax3_s32(int a, int b, int c) { return std::max({a, b, c}); }
 inline unsigned __vimax3_s16x2_relu(unsigned a, unsigned b, unsigned c) {  // max(a, b, c, 0)
   return emu::halves([&](int h) { return std::max({emu::half(a, h), emu::half(b, h), emu::half(c, h), 0}); });
