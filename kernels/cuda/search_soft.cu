@@ -103,9 +103,9 @@ __device__ __forceinline__ float float_at_least(double x) {
 }
 
 // The largest of `first` (>= 0) and segment s's 8 values, a NaN if any is one. The cells are sums of
-// products of values >= 0 (never -0), and a NaN made on the GPU is 0x7fffffff, so their bits order as signed integers
-// as the values do, a NaN above all: three-way integer maxima (VIMNMX3, one instruction for three) take 4
-// instructions for these 9 values, where float maxima take 8.
+// products of values >= 0 (never -0), and a NaN made on the GPU is 0x7fffffff, so their bits order as
+// signed integers as the values do, a NaN above all: three-way integer maxima (VIMNMX3, one instruction
+// for three) take 4 instructions for these 9 values, where float maxima take 8.
 template <int R>
 __device__ __forceinline__ float segment_max(float first, const float (&v)[R], int s) {
   const float* const x = v + s * kSegment;
