@@ -549,7 +549,7 @@ _FLOAT_TINY = 2.0 ** -126
 def _ftz(x) -> np.ndarray:
     """float32, values under the smallest normal flushed to 0 (the kernel's arithmetic)."""
     x = np.asarray(x, dtype=np.float32)
-    return np.where(np.abs(x) < _FLOAT_TINY, np.float32(0), x).astype(np.float32)
+    return np.where(np.abs(x) < _FLOAT_TINY, np.float32(0), x)
 
 
 def _fma(a, b, c) -> np.ndarray:
@@ -559,17 +559,19 @@ def _fma(a, b, c) -> np.ndarray:
 
 
 def _pow2(k) -> np.ndarray:
-    """2^k as float32 for integers k in [-126, 127], 0 below."""
+    """2^k as float32 for integers k in [-126, 127], 0 below: its bits, the exponent field k + 127."""
     k = np.asarray(k, dtype=np.int64)
-    return np.where(k < -126, np.float32(0), np.ldexp(np.float32(1), np.clip(k, -126, 127))).astype(np.float32)
+    bits = ((np.minimum(np.maximum(k, -126), 127) + 127) << 23).astype(np.int32)
+    return np.where(k < -126, np.float32(0), bits.view(np.float32))
 
 
 def _times_pow2(x, delta) -> np.ndarray:
     """x 2^delta in two factors (delta clamped to [-252, 254]): exact wherever the result is normal."""
-    d = np.clip(np.asarray(delta, dtype=np.int64), -252, 254)
+    d = np.minimum(np.maximum(np.asarray(delta, dtype=np.int64), -252), 254)
     half = d >> 1
+    first, second = _pow2(np.stack([half, d - half]))
     with np.errstate(over="ignore", invalid="ignore"):
-        return _ftz(_ftz(np.asarray(x, np.float32) * _pow2(half)) * _pow2(d - half))
+        return _ftz(_ftz(np.asarray(x, np.float32) * first) * second)
 
 
 def _exponent(x) -> np.ndarray:
@@ -607,20 +609,19 @@ def soft_segment_cells(up, yt, diag, left, xt, powers, one, plan: dict):
     Returns the row's values, Y~ of the next row, and X~ leaving the segment."""
     gf, ef = np.float32(plan["gap_factor"]), np.float32(plan["extend_factor"])
     whole = np.float32(gf + ef)  # affine: E
-    cells, below = np.empty_like(up), yt.copy()
-    d = diag
+    cells = np.empty_like(up)
+    # The terms from the row above, every column at once; then the chain along the row, column by column.
+    dp = _fma(np.concatenate([diag[:, None], up[:, :-1]], 1), powers, np.asarray(one)[:, None])
+    if plan["affine"]:
+        z = _fma(gf, yt, dp)
+        for r in range(up.shape[1]):
+            cells[:, r] = _fma(gf, xt, z[:, r])
+            xt = _fma(whole, xt, z[:, r])
+        return cells, _fma(ef, yt, cells), xt
+    t = _fma(up, gf, dp)
     for r in range(up.shape[1]):
-        if plan["affine"]:
-            z = _fma(gf, yt[:, r], _fma(d, powers[:, r], one))
-            x = _fma(gf, xt, z)
-            xt = _fma(whole, xt, z)
-            below[:, r] = _fma(ef, yt[:, r], x)
-        else:
-            x = _fma(left, gf, _fma(up[:, r], gf, _fma(d, powers[:, r], one)))
-            left = x
-        d = up[:, r]
-        cells[:, r] = x
-    return cells, below, xt
+        cells[:, r] = left = _fma(left, gf, t[:, r])
+    return cells, yt.copy(), xt
 
 
 def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, plan: dict,
@@ -677,7 +678,10 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
         x_in, xt_in, sig_in = np.ones(B, np.float32), np.ones(B, np.float32), np.zeros(B, np.int64)  # the border
         for s in range(segments):
             delta = sig_in - sigma[:, s]
-            lv, xt = _times_pow2(x_in, delta), _times_pow2(xt_in, delta)
+            if delta.any():
+                lv, xt = _times_pow2(np.stack([x_in, xt_in]), delta)
+            else:  # (every value here is already float32 and flushed: times 2^0, the same)
+                lv, xt = x_in, xt_in
             over = ~(lv <= upper)
             if over.any():  # the input past 2^U: the segment rescaled first, so that the input lands at 2^landing
                 shift = np.where(over, _exponent(x_in) + delta - landing, 0)
