@@ -19,7 +19,8 @@ from swcli.ops import load_engine, score_checked_codes
 from swcli.reference import soft_smith_waterman_affine_reference, soft_smith_waterman_reference
 from swcli.scoring import load_matrix
 from swcli.search import SearchKernel, Searcher, SoftSearch
-from swcli.testing import encoded, padded_encoded, random_protein, related_protein_pairs, soft_search_model
+from swcli.testing import (encoded, padded_encoded, random_protein, related_protein_pairs, soft_search_model,
+                           soft_segment_cells)
 
 BLOSUM62 = load_matrix("BLOSUM62")
 LINEAR = {"gap": -4.0, "gap_open": None, "gap_extend": None}
@@ -87,6 +88,28 @@ def test_rescaling_often_keeps_the_scores(gaps, change, counted):
     assert counts[counted] > 10
     assert not flagged.any()
     np.testing.assert_allclose(scores, reference_scores(query, sequences, gaps, 1.0), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
+@pytest.mark.parametrize("t", [0.8, 1.0, 2.0])
+def test_each_cell_is_at_least_the_chain_factor_times_the_cell_to_its_left(gaps, t):
+    """The floor's one test of a segment's first cell rests on each cell being at least C times the cell to
+    its left, C = G (1 - 2^-24); affine O (1 - 2^-24), through X~, which is at least H as E >= O: the
+    model's cells (the kernel's operations) from random rows above, inputs, letters and scales."""
+    plan = SoftSearch.plan(BLOSUM62.tensor(), t, **gaps)
+    rng = np.random.default_rng(8)
+    B = 4000
+
+    def values(shape):  # positive floats over 2^-100 to 2^100, and some exact 1s
+        x = np.ldexp(rng.uniform(1, 2, shape), rng.integers(-100, 100, shape)).astype(np.float32)
+        return np.where(rng.random(shape) < 0.1, np.float32(1), x)
+
+    powers = plan["powers"][rng.integers(0, 24, (B, 8)), rng.integers(0, 24, (B, 8))]
+    one = np.ldexp(np.float32(1), -rng.integers(0, 100, B)).astype(np.float32)
+    cells, _, _ = soft_segment_cells(values((B, 8)), values((B, 8)), values(B), values(B), values(B), powers, one,
+                                     plan)
+    chain = np.float32(plan["gap_factor"]) * (1 - 2.0 ** -24)
+    assert (cells[:, 1:] >= chain * cells[:, :-1].astype(np.float64)).all()
 
 
 def test_cells_under_the_floor_flag_the_pair():
