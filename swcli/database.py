@@ -211,10 +211,15 @@ def _write_array(path: Path, array: np.ndarray, dtype: str) -> int:
     """Writes the array's bytes; returns their CRC-32."""
     # Through a file object rather than ndarray.tofile, whose short write on a full disk is an OSError
     # without its errno ("N requested and M written"), not "No space left on device".
-    data = memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B")
+    data = _bytes_of(np.ascontiguousarray(array, dtype=dtype))
     with open(path, "wb") as out:
         out.write(data)
     return zlib.crc32(data)
+
+
+def _bytes_of(data) -> memoryview | bytes:
+    """An array's bytes (bytes as they are), as written and as checksummed."""
+    return data if isinstance(data, bytes) else memoryview(np.ascontiguousarray(data)).cast("B")
 
 
 def is_prepared(path: str | Path) -> bool:
@@ -292,8 +297,7 @@ def _check_crc32(folder: Path, meta: dict, contents: dict) -> None:
         raise DatabaseError(f"{folder}/meta.json: its crc32 is not a CRC-32 for each of {', '.join(CHECKED)}; "
                             "prepare it again")
     for name in CHECKED:
-        data = contents[name]
-        found = zlib.crc32(data if isinstance(data, bytes) else memoryview(np.ascontiguousarray(data)).cast("B"))
+        found = zlib.crc32(_bytes_of(contents[name]))
         if found != kept[name]:
             raise DatabaseError(f"{folder}/{name}: changed since makedb wrote it (CRC-32 {found:08x}, meta.json "
                                 f"keeps {kept[name]:08x}); prepare it again")

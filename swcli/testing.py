@@ -568,6 +568,8 @@ def _pow2(k) -> np.ndarray:
 def _times_pow2(x, delta) -> np.ndarray:
     """x 2^delta in two factors (delta clamped to [-252, 254]): exact wherever the result is normal."""
     d = np.minimum(np.maximum(np.asarray(delta, dtype=np.int64), -252), 254)
+    if not d.any():  # times 2^0: x itself, flushed
+        return _ftz(x)
     half = d >> 1
     first, second = _pow2(np.stack([half, d - half]))
     with np.errstate(over="ignore", invalid="ignore"):
@@ -608,11 +610,11 @@ def soft_segment_cells(up, yt, diag, left, xt, powers, one, plan: dict):
     (diag), the input from the left (left; affine: and X~ entering, xt), P of each cell, the 1 (one).
     Returns the row's values, Y~ of the next row, and X~ leaving the segment."""
     gf, ef = np.float32(plan["gap_factor"]), np.float32(plan["extend_factor"])
-    whole = np.float32(gf + ef)  # affine: E
     cells = np.empty_like(up)
     # The terms from the row above, every column at once; then the chain along the row, column by column.
     dp = _fma(np.concatenate([diag[:, None], up[:, :-1]], 1), powers, np.asarray(one)[:, None])
     if plan["affine"]:
+        whole = np.float32(gf + ef)  # E
         z = _fma(gf, yt, dp)
         for r in range(up.shape[1]):
             cells[:, r] = _fma(gf, xt, z[:, r])
@@ -678,17 +680,12 @@ def soft_search_model(query: np.ndarray, targets: np.ndarray, lengths: np.ndarra
         x_in, xt_in, sig_in = np.ones(B, np.float32), np.ones(B, np.float32), np.zeros(B, np.int64)  # the border
         for s in range(segments):
             delta = sig_in - sigma[:, s]
-            if delta.any():
-                lv, xt = _times_pow2(np.stack([x_in, xt_in]), delta)
-            else:  # (every value here is already float32 and flushed: times 2^0, the same)
-                lv, xt = x_in, xt_in
+            lv, xt = _times_pow2(np.stack([x_in, xt_in]), delta)
             over = ~(lv <= upper)
             if over.any():  # the input past 2^U: the segment rescaled first, so that the input lands at 2^landing
                 shift = np.where(over, _exponent(x_in) + delta - landing, 0)
                 rescale(over, s, shift)
-                delta = sig_in - sigma[:, s]
-                lv = np.where(over, _times_pow2(x_in, delta), lv)
-                xt = np.where(over, _times_pow2(xt_in, delta), xt)
+                lv, xt = np.where(over, _times_pow2(np.stack([x_in, xt_in]), sig_in - sigma[:, s]), (lv, xt))
             up[:, s], yt[:, s], xt = soft_segment_cells(up[:, s], yt[:, s], diag[:, s], lv, xt, P[:, s], one[:, s],
                                                         plan)
             hi = np.max(up[:, s], 1)
