@@ -11,9 +11,7 @@ Each of these for every block size (--max-cells: padded target residues a block,
 a launch per block and query, whose last wave of warps leaves SMs idle, so fewer and larger blocks leave
 less idle; since each warp takes the columns its own targets need, a larger block costs memory (its codes
 padded to its widest target) and, where it spans tile classes, its narrower targets' lanes, not columns.
---soft-waves cuts the soft kernel's blocks at its tile classes too (SoftSearch.FILL_WAVES; none: by cells
-alone); --soft-launches scores each block's classes of lanes a group in a launch each once a class fills
-the GPU that many times (SoftSearch.LAUNCH_WAVES; none: one launch a block). --soft-drops sets how far
+(The soft kernel's warps take a block's targets end to end, whole lanes each.) --soft-drops sets how far
 below its upper limit U a rescaled segment of the soft kernel lands (SoftSearch.DROP, in bits: the
 larger, the fewer rescales where the sums grow along the query, as far as the plan's floor allows; where
 it does not, the op's sweep takes the search, which the row says). --streams runs every setting with
@@ -27,8 +25,7 @@ scored again (both passes; their time is in the kernel time).
 
     python3 benchmarks/search_blocks.py QUERIES.fasta DB.fasta [--gaps linear|affine] [--waves 0 1 2]
                                         [--max-queries 1000 0] [--max-cells 16777216 67108864]
-                                        [--soft-waves none 1] [--soft-launches none 1] [--soft-drops 24 40]
-                                        [--streams 1 2]
+                                        [--soft-drops 24 40] [--streams 1 2]
     (max-queries 0: no limit)
 """
 
@@ -69,12 +66,11 @@ def padded_cells(searcher, query_lengths) -> tuple[int, int]:
     cells = int(searcher.lengths.sum()) * sum(query_lengths)
     if kernel is None:
         return cells, cells
-    if kernel is searcher.exact:
-        shapes, per_group, step, fewest = ExactSearch.SHAPES[kernel.affine], 2, 2, 16
-    else:
-        affine = kernel.settings["affine"]
-        shapes, per_group, step, fewest = SoftSearch.SHAPES[affine], 1, SoftSearch.SEGMENT, SoftSearch.FEWEST[affine]
     lengths = searcher.lengths
+    if kernel is searcher.soft:  # whole lanes a target (a warp's last tile pads too: not counted here)
+        columns = SoftSearch.COLUMNS[kernel.settings["affine"]]
+        return int(-(-lengths // columns).sum()) * columns * sum(query_lengths), cells
+    shapes, per_group, step, fewest = ExactSearch.SHAPES[kernel.affine], 2, 2, 16
     padded = sum(swept_columns(lengths, start + first, start + last, shapes, per_group, step, fewest)
                  for (start, stop), launches in zip(searcher.bounds, searcher.launches)
                  for first, last, _ in launches or ((0, stop - start, 0),))
@@ -100,20 +96,12 @@ def main(argv=None) -> int:
     parser.add_argument("--waves", type=float, nargs="*", default=[0.0, 0.5, 1.0, 2.0])
     parser.add_argument("--max-queries", type=int, nargs="*", default=[1000, 2000, 0])
     parser.add_argument("--max-cells", type=int, nargs="*", default=None, help="(default: the search's)")
-    parser.add_argument("--soft-waves", nargs="*", default=["none"],
-                        help="SoftSearch.FILL_WAVES for the t = 1 settings: a number, or none (by cells alone)")
-    parser.add_argument("--soft-launches", nargs="*", default=None,
-                        help="SoftSearch.LAUNCH_WAVES for the t = 1 settings: a number, or none (one launch a "
-                             "block); default: the class's")
     parser.add_argument("--soft-drops", type=int, nargs="*", default=None,
                         help="SoftSearch.DROP for the t = 1 settings (default: the class's)")
     parser.add_argument("--streams", type=int, nargs="*", default=None,
                         help="Searcher.STREAMS, the streams that take a query's launches in turn, for every "
                              "setting (default: the class's)")
     args = parser.parse_args(argv)
-    soft_waves = [None if w == "none" else float(w) for w in args.soft_waves]
-    soft_launches = None if args.soft_launches is None else [None if w == "none" else float(w)
-                                                             for w in args.soft_launches]
 
     from swcli import database
     from swcli.fasta import read_fasta
@@ -131,15 +119,12 @@ def main(argv=None) -> int:
           f"{len(db):,} sequences ({int(db.lengths.sum()):,} residues), BLOSUM62, gaps {args.gaps}")
     print("| t | max cells | setting | blocks | padded / cells | kernel time | kernel GCUPS | pairs scored again |")
     print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-    chosen = (ExactSearch.FILL_WAVES, dict(SoftSearch.MAX_QUERY), SoftSearch.FILL_WAVES, SoftSearch.DROP,
-              SoftSearch.LAUNCH_WAVES)
+    chosen = (ExactSearch.FILL_WAVES, dict(SoftSearch.MAX_QUERY), SoftSearch.DROP)
     drops = args.soft_drops or [SoftSearch.DROP]
-    launch_waves = soft_launches or [SoftSearch.LAUNCH_WAVES]
-    settings = [(0.0, waves, None, None, None, None) for waves in [math.inf, *args.waves]]
-    settings += [(1.0, None, limit, fill, drop, launch) for launch in launch_waves for drop in drops
-                 for fill in soft_waves for limit in args.max_queries]
+    settings = [(0.0, waves, None, None) for waves in [math.inf, *args.waves]]
+    settings += [(1.0, None, limit, drop) for drop in drops for limit in args.max_queries]
     chosen_streams = Searcher.STREAMS
-    for max_cells, t, waves, limit, fill, drop, launch, streams in (
+    for max_cells, t, waves, limit, drop, streams in (
             (max_cells, *setting, streams) for max_cells in args.max_cells or [DEFAULT_MAX_CELLS]
             for setting in settings for streams in args.streams or [Searcher.STREAMS]):
         Searcher.STREAMS = streams
@@ -148,12 +133,10 @@ def main(argv=None) -> int:
             label = "blocks by cells alone" if waves == math.inf else f"cut at classes, fill {waves:g}"
         else:
             SoftSearch.MAX_QUERY = {False: limit or None, True: limit or None}
-            SoftSearch.FILL_WAVES, SoftSearch.DROP, SoftSearch.LAUNCH_WAVES = fill, drop, launch
+            SoftSearch.DROP = drop
             label = (f"soft kernel for queries up to {limit:,} residues" if limit else
                      "soft kernel for every query")
-            label += ", blocks by cells alone" if fill is None else f", cut at classes, fill {fill:g}"
             label += f", drop {drop}"
-            label += ", one launch a block" if launch is None else f", a launch per class, fill {launch:g}"
         if args.streams:
             label += f", {streams} stream{'s' if streams > 1 else ''}"
         searcher = Searcher(db, matrix.tensor(device=device), gaps.get("gap"), t, 10, "cuda", device, max_cells,
@@ -165,7 +148,7 @@ def main(argv=None) -> int:
         print(f"| {t:g} | {max_cells:,} | {label} | {len(searcher.bounds)} | {swept / cells:.3f} | "
               f"{seconds:.3f} s | {cells / seconds / 1e9:,.1f} | {searcher.rescored:,} |", flush=True)
         ExactSearch.FILL_WAVES, SoftSearch.MAX_QUERY = chosen[0], dict(chosen[1])
-        SoftSearch.FILL_WAVES, SoftSearch.DROP, SoftSearch.LAUNCH_WAVES = chosen[2], chosen[3], chosen[4]
+        SoftSearch.DROP = chosen[2]
         Searcher.STREAMS = chosen_streams
     return 0
 

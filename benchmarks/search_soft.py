@@ -1,10 +1,10 @@
-"""The soft search kernel (kernels/cuda/search_soft.cu) block by block: its GCUPS at each tile shape,
+"""The soft search kernel (kernels/cuda/search_soft.cu) block by block: its GCUPS for each length class,
 beside the exact 16-bit kernel at t = 0 and the general op's sweep from codes at t = 1 on the same blocks,
 the pairs it flags, and its accuracy against float64, on one GPU.
 
 The database: mutated copies of real proteins (35% substitutions, 5% indels, as the search benchmark's
-make-db), cut into blocks of targets of one length class each, so that every class takes one shape:
-up to 64, 128, 192, 256, 384, 512, 768, 1024 columns, then 1,025 to 2,048 (tiles of a warp). Queries:
+make-db), cut into blocks of targets of one length class each: up to 64, 128, 192, 256, 384, 512, 768,
+1024 columns, then 1,025 to 2,048. Queries:
 real proteins of QUERY_LENGTHS residues (cut from longer ones). Each row: one query against one block,
 the median of REPEATS CUDA-event timings of the scoring call alone, cells = query length x the block's
 residues (not its padding).

@@ -143,7 +143,7 @@ SCHEMAS["search_scores_s16"] = ("(Tensor query, Tensor target, Tensor target_len
                                 "int gap_extend, int limit) -> (Tensor, Tensor)")
 
 # Soft search scores at t > 0 in float32, CUDA only (kernels/cuda/search_soft.cu; search.SoftSearch).
-SCHEMAS["search_scores_soft"] = ("(Tensor query, Tensor target, Tensor target_lengths, Tensor powers, int width, "
+SCHEMAS["search_scores_soft"] = ("(Tensor query, Tensor target, Tensor target_lengths, Tensor powers, int warps, "
                                  "bool affine, float gap_factor, float extend_factor, float temperature, int upper, "
                                  "int middle, int floor, float bound) -> (Tensor, Tensor)")
 
@@ -484,7 +484,7 @@ def _search_scores_s16_fake(query, target, target_lengths, table, gap_open, gap_
 
 
 @torch.library.register_fake("swcli::search_scores_soft")
-def _search_scores_soft_fake(query, target, target_lengths, powers, width, affine, gap_factor, extend_factor,
+def _search_scores_soft_fake(query, target, target_lengths, powers, warps, affine, gap_factor, extend_factor,
                              temperature, upper, middle, floor, bound):
     return target.new_empty(target.shape[0], dtype=torch.float32), target.new_empty(1, dtype=torch.int32)
 

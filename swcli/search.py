@@ -344,17 +344,9 @@ class SoftSearch(SearchKernel):
     allows (plan's spread: such pairs would all be flagged and scored again)."""
 
     SEGMENT = 8  # columns a scale (the kernel's kSegment)
-    # The kernel's launch classes (launch_lanes in common.cuh, at kMostColumns of search_soft.cu): G lanes a target, at most
-    # R columns a lane (each warp takes the whole segments its own targets need); 4 blocks of 128 threads an
-    # SM (its launch bounds).
-    SHAPES = {False: ((8, 32), (16, 32), (32, 32)), True: ((8, 24), (16, 24), (32, 24))}
-    FEWEST = {False: 24, True: 16}  # columns a lane past one tile, at least (kFewestColumns: warp_columns's fewest)
-    FILL_WAVES = None  # blocks by cells alone: cut at its classes, the search measured no faster
-    # Within a block, a launch per tile class once the class holds LAUNCH_WAVES launches' worth of targets
-    # (launches; None: one launch a block): a launch takes its lanes a group from its widest target, so one
-    # launch for a block that spans classes gives its narrow targets the lanes of its widest. Large blocks
-    # stay large for the op's sweep of the long queries.
-    LAUNCH_WAVES = 1.0
+    # Columns a lane (the kernel's kColumns): a target takes whole lanes, one after another in its warp's
+    # stream of targets.
+    COLUMNS = {False: 32, True: 24}
     DROP = 24  # a segment rescaled lands at 2^(U - DROP)
     MIN_UPPER, MIN_FLOOR = 48, 24
     # The longest query it takes, by affine (None: every query); longer ones take the op's sweep for the
@@ -433,30 +425,24 @@ class SoftSearch(SearchKernel):
         """The longest query it takes with its gaps (MAX_QUERY); None: every query."""
         return self.MAX_QUERY[self.settings["affine"]]
 
-    def classes(self, device) -> TileClasses | None:
-        if self.FILL_WAVES is None:
-            return None
-        return TileClasses(self.SHAPES[self.settings["affine"]], 1, 512, _sms(device), self.FILL_WAVES)
+    def classes(self, device) -> None:
+        """Blocks by cells alone: the kernel's warps share a block's targets whatever their lengths."""
+        return None
 
-    def launches(self, lengths: np.ndarray, device) -> tuple[tuple[int, int, int], ...] | None:
-        """A block's launches (lengths: its rows', longest first): (start, stop, width) of the rows each
-        scores and their widest length, which sets its tile shape; None: one launch at the block's width."""
-        if self.LAUNCH_WAVES is None or not len(lengths):
-            return None
-        shapes = self.SHAPES[self.settings["affine"]]
-        # its classes by lanes a group alone: the widest lanes take every longer target, in one tile or more
-        lanes = (*shapes[:-1], (shapes[-1][0], 1 << 40))
-        classes = TileClasses(lanes, 1, 512, _sms(device), self.LAUNCH_WAVES)
-        return tuple((start, stop, int(lengths[start])) for start, stop in length_bounds(lengths, 1 << 62, classes))
+    def launches(self, lengths: np.ndarray, device) -> None:
+        """One launch a block, whose warps (as many as the GPU holds) take turns down its targets. (Fewer
+        warps, each filling its last tile, were slower: an SM's warps wait on latencies more than on issue.)"""
+        return None
 
     def score_rows(self, query: torch.Tensor, block: "Block", start: int, stop: int,
                    width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [start, stop) of a block: (scores float32, -1 where the kernel's checks did not hold; their
-        count (1,)), queued. width: the rows' widest length, which sets the tile shape (0: the codes'). A
-        pair's score has the same bits whatever the launch (the kernel's header)."""
+        count (1,)), queued. (`width` is the exact kernel's: this one's warps, as many as the GPU holds, share
+        the rows whatever their lengths.) A pair's score has the same bits whatever the launch (the
+        kernel's header)."""
         s = self.settings
         return torch.ops.swcli.search_scores_soft(query, block.codes[start:stop], block.lengths[start:stop],
-                                                  self.powers, width, s["affine"], s["gap_factor"],
+                                                  self.powers, 0, s["affine"], s["gap_factor"],
                                                   s["extend_factor"], s["temperature"], s["upper"], s["middle"],
                                                   s["floor"], s["bound"])
 

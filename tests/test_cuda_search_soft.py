@@ -91,7 +91,7 @@ def proteins() -> list[str]:
 class TestCudaSearchSoft:
     device = torch.device("cuda")
 
-    # target lengths around the tile shapes' widths (64 to 1024 columns) and several tiles
+    # target lengths around whole lanes (24 and 32 columns) and tiles (768 and 1,024), and several tiles
     LENGTHS = [0, 1, 2, 7, 8, 9, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 383, 384, 385, 511, 512,
                513, 767, 768, 769, 1000, 1100, 2049]
 
@@ -115,7 +115,7 @@ class TestCudaSearchSoft:
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
     def test_a_score_has_the_same_bits_in_every_block(self, gaps):
         """The scales are per 8 columns of the target, whatever the lanes and tiles: the same targets in
-        blocks whose widths take every tile shape give the same floats."""
+        blocks padded to widths from 64 to 1,500 columns give the same floats."""
         load_engine("cuda")
         rng = torch.Generator().manual_seed(50_100)
         S = BLOSUM62.tensor(device=self.device)
@@ -135,43 +135,49 @@ class TestCudaSearchSoft:
             assert torch.equal(other, results[0])
 
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
-    def test_a_score_has_the_same_bits_whatever_its_warps_columns(self, gaps):
-        """Each warp takes the columns a lane its widest target needs: targets in a warp beside a longer one
-        (in the classes of 8 and 16 lanes a group, for every columns a lane the longer one takes), and alone
-        in their warps in the class of 32, give the same floats as in a block of their own."""
+    def test_a_score_has_the_same_bits_whatever_its_neighbours_and_warps(self, gaps):
+        """Each warp takes the launch's targets in turn, end to end in its lanes: the same targets after
+        others of every length (each then starts at another lane and tile, some across a tile's edge), in
+        an order that is not by length, among empty ones, swept by 1 to 200 warps or as many as the GPU
+        holds, give the same floats as in a block of their own."""
         load_engine("cuda")
-        rng = torch.Generator().manual_seed(50_120)
+        rng = random.Random(50_120)
         S = BLOSUM62.tensor(device=self.device)
-        pairs = related_protein_pairs(52, 6, 20, 50)
+        pairs = related_protein_pairs(52, 6, 20, 120)
         query = torch.tensor(list(BLOSUM62.encode(pairs[0][0], lambda: "q")), dtype=torch.uint8, device=self.device)
-        targets = [list(BLOSUM62.encode(t, lambda: "t")) for _, t in pairs]
-        assert max(map(len, targets)) <= 64
+        targets = [t for _, t in pairs] + [pairs[0][0]]
         soft = SoftSearch.of(S, 1.0, **gaps)
+        settings = soft.settings
+        columns = SoftSearch.COLUMNS[gaps["gap"] is None]
 
-        def scores(lanes: int, widest: int, neighbour: int) -> torch.Tensor:
-            """The targets' scores in a block of class `lanes` (its first warp's targets `widest` long),
-            the first of them in a warp with a target `neighbour` long (random letters)."""
-            lengths = [widest] * (32 // lanes) + [neighbour] if neighbour else []
-            sequences = [[int(c) for c in torch.randint(0, 20, (n,), generator=rng)] for n in lengths] + targets
-            codes = torch.zeros((len(sequences), max(map(len, sequences))), dtype=torch.uint8)
+        def scores(sequences: list[str], warps: int) -> torch.Tensor:
+            codes = torch.zeros((len(sequences), max(max(map(len, sequences)), 1)), dtype=torch.uint8)
             for b, letters in enumerate(sequences):
-                codes[b, :len(letters)] = torch.tensor(letters, dtype=torch.uint8)
-            found, flagged = soft.scores(query, search_block(codes.to(self.device),
-                                                             torch.tensor([len(c) for c in sequences],
-                                                                          device=self.device)))
+                codes[b, :len(letters)] = torch.tensor(list(BLOSUM62.encode(letters, lambda: "t")), dtype=torch.uint8)
+            lengths = torch.tensor([len(c) for c in sequences], device=self.device)
+            found, flagged = torch.ops.swcli.search_scores_soft(
+                query, codes.to(self.device), lengths, soft.powers, warps, settings["affine"],
+                settings["gap_factor"], settings["extend_factor"], settings["temperature"], settings["upper"],
+                settings["middle"], settings["floor"], settings["bound"])
             assert int(flagged.item()) == 0
-            return found[len(lengths):]
+            return found
 
-        alone = scores(8, 0, 0)
-        for G, most in SoftSearch.SHAPES[gaps["gap"] is None]:
-            for columns in range(8, most + 1, 8):
-                assert torch.equal(scores(G, G * most, G * columns), alone), (G, columns)
+        alone = torch.stack([scores([t], 0)[0] for t in targets])
+        for trial, warps in enumerate((1, 2, 3, 7, 200, 0)):
+            ahead = [random_protein(rng, rng.choice([1, columns - 1, columns, columns + 1, 7 * columns + 3,
+                                                     33 * columns + 5])) for _ in range(3 * trial + 1)]
+            sequences = ahead + targets + [""] * 3 + [random_protein(rng, rng.randint(1, 300)) for _ in range(20)]
+            order = list(range(len(sequences)))
+            rng.shuffle(order)
+            found = scores([sequences[i] for i in order], warps)
+            at = {i: k for k, i in enumerate(order)}
+            assert torch.equal(found[[at[len(ahead) + j] for j in range(len(targets))]], alone), warps
+            assert (found[[at[len(ahead) + len(targets) + j] for j in range(3)]] == 0).all()
 
     @pytest.mark.parametrize("gaps", [LINEAR, AFFINE], ids=["linear", "affine"])
-    def test_blocks_cut_at_every_tile_class_or_none_give_the_same_bits(self, gaps, monkeypatch):
-        """Targets from 2,500 residues down to 1 in the search's blocks: one block (each target in the
-        widest tile), a block per tile class (block_bounds with no fill), or one block with a launch per
-        class of lanes a group (SoftSearch.launches with no fill)."""
+    def test_blocks_of_any_size_give_the_same_bits(self, gaps):
+        """Targets from 2,500 residues down to 1 in the search's blocks: one block, or blocks of at most
+        2^12 or 2^10 padded cells (one launch each, its warps taking the block's targets in turn)."""
         load_engine("cuda")
         rng = random.Random(50_150)
         sequences = [random_protein(rng, n) for n in [2500, 1100, 1000, 800, 600, 500, 400, 300, 200, 150, 100, 70,
@@ -181,15 +187,10 @@ class TestCudaSearchSoft:
         query = torch.tensor(list(BLOSUM62.encode(sequences[5][:300], lambda: "q")), dtype=torch.uint8,
                              device=self.device)
         results = []
-        # the classes: 3 single tiles, then several; the lanes a group: 8 (to 256 columns), 16, 32
-        for waves, launch_waves, blocks, launches in ((1e9, None, 1, [None]), (0.0, None, 4, [None] * 4),
-                                                      (1e9, 0.0, 1, [3])):
-            monkeypatch.setattr(SoftSearch, "FILL_WAVES", waves)
-            monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", launch_waves)
+        for max_cells, blocks in ((1 << 26, 1), (1 << 12, 4), (1 << 10, 8)):
             searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], 1.0, 10, "cuda", self.device,
-                                gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
+                                max_cells=max_cells, gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
             assert len(searcher.bounds) == blocks and searcher.soft is not None
-            assert [parts and len(parts) for parts in searcher.launches] == launches
             parts = [searcher.soft.scores(query, block, launch)
                      for block, launch in zip(searcher.blocks(), searcher.launches)]
             assert all(int(flagged.item()) == 0 for _, flagged in parts)

@@ -155,33 +155,10 @@ def test_block_bounds_end_at_a_kernels_tile_classes_once_the_gpu_is_full():
     assert block_bounds(_Lengths(lengths), 10 ** 6) == [(0, 19)]
 
 
-def test_soft_launches_split_a_block_at_its_lanes_a_group(monkeypatch):
-    """SoftSearch.launches: a launch per class of lanes a group (8 lanes to 256 columns, 16 to 512, 32 past,
-    in one tile or more; affine 192 and 384) once the class fills the GPU LAUNCH_WAVES times; each launch's
-    width is its first (longest) length; None for one launch."""
-    from swcli import search
-    from swcli.search import SoftSearch
-
-    monkeypatch.setattr(search, "_sms", lambda device: 2)  # fill: waves x 2 SMs x 512 threads / lanes
-    lengths = np.array([3000, 1100, 1024, 600, 513, 512, 400, 300, 257, 256, 200, 100, 1, 0])
-    linear, affine = SoftSearch(None, {"affine": False}), SoftSearch(None, {"affine": True})
-    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", 0.0)
-    assert linear.launches(lengths, "cuda") == ((0, 5, 3000), (5, 9, 512), (9, 14, 256))
-    assert affine.launches(lengths, "cuda") == ((0, 7, 3000), (7, 11, 300), (11, 14, 100))
-    assert linear.launches(lengths[9:], "cuda") == ((0, 5, 256),)
-    assert linear.launches(lengths[:0], "cuda") is None
-    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", 1.0)  # 32 rows at 32 lanes: the block is one launch
-    assert linear.launches(lengths, "cuda") == ((0, 14, 3000),)
-    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", 1 / 8)  # 4 rows at 32 lanes, 8 at 16: the last two classes merge
-    assert linear.launches(lengths, "cuda") == ((0, 5, 3000), (5, 14, 512))
-    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", None)
-    assert linear.launches(lengths, "cuda") is None
-
-
-@pytest.mark.parametrize("source, name", [("search_s16.cu", "kMaxColumns"), ("search_soft.cu", "kMostColumns")])
-def test_the_search_kernels_shapes_are_their_sources(source, name):
-    """ExactSearch.SHAPES and SoftSearch.SHAPES are the kernels' launch classes (read from their sources):
-    the lanes of launch_lanes (common.cuh), each with the kernel's most columns a lane, linear and affine."""
+def test_the_search_kernels_shapes_are_their_sources():
+    """ExactSearch.SHAPES are the exact kernel's launch classes (read from its source): the lanes of
+    launch_lanes (common.cuh), each with its most columns a lane, linear and affine; SoftSearch.COLUMNS are
+    the soft kernel's columns a lane."""
     import re
     from pathlib import Path
 
@@ -192,10 +169,13 @@ def test_the_search_kernels_shapes_are_their_sources(source, name):
     first, step = re.search(r"launch_lanes.*?for \(int G = (\d+); G < kWarp; G \*= (\d+)\)", common, re.S).groups()
     lanes = [int(first) * int(step) ** k for k in range(3)]
     assert lanes[-1] == 32
-    affine, linear = map(int, re.search(name + r" = AFFINE \? (\d+) : (\d+);", (cuda / source).read_text()).groups())
-    kernel = ExactSearch if source == "search_s16.cu" else SoftSearch
+    affine, linear = map(int, re.search(r"kMaxColumns = AFFINE \? (\d+) : (\d+);",
+                                        (cuda / "search_s16.cu").read_text()).groups())
     for is_affine, most in ((False, linear), (True, affine)):
-        assert kernel.SHAPES[is_affine] == tuple((g, most) for g in lanes)
+        assert ExactSearch.SHAPES[is_affine] == tuple((g, most) for g in lanes)
+    affine, linear = map(int, re.search(r"kColumns = AFFINE \? (\d+) : (\d+);",
+                                        (cuda / "search_soft.cu").read_text()).groups())
+    assert SoftSearch.COLUMNS == {False: linear, True: affine}
 
 
 def test_merge_keeps_database_order_among_ties():
@@ -258,7 +238,6 @@ def test_launches_on_side_streams_give_the_scores_of_one_stream(t, gaps, monkeyp
     per query, and under a caller's side stream: every block's scores the same, bit for bit, and the
     scoring calls timed as one interval a query."""
     db, codes = random_search_set(4_201)
-    monkeypatch.setattr(SoftSearch, "LAUNCH_WAVES", 1e-9)  # a launch per class of lanes, however few targets
     load_engine("cuda")
     device = torch.device("cuda")
 
@@ -267,8 +246,7 @@ def test_launches_on_side_streams_give_the_scores_of_one_stream(t, gaps, monkeyp
         searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], t, 7, "cuda", device, max_cells=1 << 14,
                             gap_open=gaps.get("gap_open"), gap_extend=gaps.get("gap_extend"), **limits)
         assert searcher.kernel is not None and len(searcher.streams.streams) == (streams if streams > 1 else 0)
-        if t > 0:
-            assert max(len(launches or ()) for launches in searcher.launches) > 1  # blocks of several launches
+        assert len(searcher.bounds) > 1  # a launch a block (t = 0: or more)
         found = []
         for query in codes:
             pending, rescored = searcher.launch(query), searcher.rescored

@@ -1,7 +1,7 @@
 """kernels/cuda/search_soft.cu's own source, run on the CPU by the lockstep emulation of tests/cuda_emulation, against
-its NumPy model (swcli.testing.soft_search_model) and the float64 engine: every launch class and every warp's
-columns a lane (the same bits whatever they are), several tiles through the edge buffer, segments rescaled
-again and again, and flagged pairs. No GPU runs here, so this is where the kernel's choice of columns, its
+its NumPy model (swcli.testing.soft_search_model) and the float64 engine: targets end to end in a warp's
+lanes (the same bits wherever they start), several tiles through the edge buffer, segments rescaled
+again and again, and flagged pairs. No GPU runs here, so this is where the kernel's queue of targets, its
 tiles and its scales meet the recurrence before the GPU suite (tests/test_cuda_search_soft.py) runs them for
 real. Its cells are float32 adds, multiplies and fused multiply-adds, which the CPU rounds as the GPU does;
 the emulation runs blocks one after another and says nothing of speed or of races between blocks."""
@@ -69,41 +69,43 @@ def test_the_kernel_is_its_model_and_float64(kernel, gaps):
 
 
 @GAPS
-def test_a_score_has_the_same_bits_whatever_its_warps_columns(kernel, gaps):
-    """Targets in a warp beside a longer one (in the classes of 8 and 16 lanes a group, 4 and 2 targets a
-    warp, for every columns a lane the longer one takes), and alone in their warps in the class of 32, give
-    the same floats as in a block of their own: the scales are per 8 columns of the target, whatever the
-    tile."""
+def test_a_score_has_the_same_bits_whatever_its_neighbours_and_warps(kernel, gaps):
+    """A warp takes targets one after another, a whole lane each R columns (linear 32, affine 24): the
+    same targets after others of every length (so that each starts at a different lane and tile, and some
+    cross a tile's edge), in an order that is not by length, among empty targets, give the same floats as
+    in a block of their own: the scales are per 8 columns of the target, whatever the lanes and tiles.
+    (The emulation runs a launch's blocks one after another, so its first warp takes every target.)"""
     rng = random.Random(71)
-    pairs = related_protein_pairs(71, 6, 20, 50)
+    pairs = related_protein_pairs(71, 6, 20, 120)
     q = query_codes(pairs[0][0])
-    targets = [list(BLOSUM62.encode(t, lambda: "t")) for _, t in pairs]
-    assert max(map(len, targets)) <= 64
+    targets = [t for _, t in pairs] + [pairs[0][0]]
+    columns = SoftSearch.COLUMNS[gaps["gap"] is None]
     plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
-
-    def scores(lanes: int, widest: int, neighbour: int) -> np.ndarray:
-        lengths = [widest] * (32 // lanes) + [neighbour] if neighbour else []
-        found, flagged = kernel.scores(q, *codes_of([[rng.randrange(20) for _ in range(n)] for n in lengths] + targets),
-                                       plan)
+    alone = np.stack([kernel.scores(q, *codes_of([t]), plan)[0] for t in targets])[:, 0]
+    for trial in range(5):
+        # ahead: lengths from one column to past a tile, so the targets start at every lane offset
+        ahead = [random_protein(rng, rng.choice([1, columns - 1, columns, columns + 1, 7 * columns + 3,
+                                                 33 * columns + 5])) for _ in range(trial + 1)]
+        sequences = ahead + targets + ["", random_protein(rng, 3)]
+        order = list(range(len(sequences)))
+        rng.shuffle(order)
+        found, flagged = kernel.scores(q, *codes_of([sequences[i] for i in order]), plan)
         assert flagged == 0
-        return found[len(lengths):]
-
-    alone = scores(8, 0, 0)
-    for G, most in SoftSearch.SHAPES[gaps["gap"] is None]:
-        for columns in range(8, most + 1, 8):
-            np.testing.assert_array_equal(scores(G, G * most, G * columns), alone, err_msg=f"{G} x {columns}")
+        at = {i: k for k, i in enumerate(order)}
+        np.testing.assert_array_equal(found[[at[len(ahead) + j] for j in range(len(targets))]], alone)
+        assert found[at[len(ahead) + len(targets)]] == 0.0  # the empty target
 
 
 @GAPS
 def test_several_tiles_match_the_model(kernel, gaps):
-    """Targets past the widest tile, a strong alignment across each tile edge: the edge buffer carries the
-    last column, its scale (and affine X~) to the next tile."""
+    """Targets past a tile, a strong alignment across each tile edge: the edge buffer carries the last
+    column, its scale (and affine X~) to the next tile; the warp takes them end to end."""
     rng = random.Random(72)
     query = random_protein(rng, 60)
-    most = SoftSearch.SHAPES[gaps["gap"] is None][-1][1]
-    length = 3 * 32 * most + 5
+    columns = SoftSearch.COLUMNS[gaps["gap"] is None]
+    length = 3 * 32 * columns + 5
     sequences = []
-    for edge in range(32 * 8, length - 40, 32 * 8):  # every possible tile edge (multiples of 32 lanes x 8 columns)
+    for edge in range(32 * 8, length - 40, 32 * 8):  # tile edges at every 8th lane of the target
         target = list(BLOSUM62.encode(random_protein(rng, length), lambda: "t"))
         motif = list(BLOSUM62.encode(query[:30] + random_protein(rng, 5) + query[30:], lambda: "t"))
         target[edge - 32:edge - 32 + len(motif)] = motif
@@ -111,9 +113,10 @@ def test_several_tiles_match_the_model(kernel, gaps):
     targets, lengths = codes_of(sequences)
     q = query_codes(query)
     plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
-    scores, flagged = kernel.scores(q, targets, lengths, plan)
     expected, model_flags = soft_search_model(q, targets, lengths, plan)
-    assert flagged == int(model_flags.sum()) == 0 and (expected > 150).all()
+    assert not model_flags.any() and (expected > 150).all()
+    scores, flagged = kernel.scores(q, targets, lengths, plan)
+    assert flagged == 0
     np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
 
 

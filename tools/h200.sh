@@ -21,7 +21,7 @@
 #     profile    an ncu report of benchmarks/profile_workloads.py $NCU_WORKLOAD (kernels, train or latency), its
 #                kernels by the regex $NCU_KERNELS (default forward|codes|backward); $NCU_SCRIPT replaces the
 #                script and its arguments, e.g. NCU_KERNELS=search_soft NCU_SCRIPT="benchmarks/search_soft.py
-#                .bench/proteins.fasta --repeats 1" for the soft search kernel's launches, tile class by class
+#                .bench/proteins.fasta --repeats 1" for the soft search kernel's launches, length class by class
 #     steps      seed-shaped batches of growing size in graph replay (benchmarks/profile_workloads.py steps)
 #     host       host time per call of the op and the operators (benchmarks/profile_workloads.py host)
 #     clocks     SM clock, power and throttle reasons under the dense forward
@@ -32,10 +32,9 @@
 #                long queries or not (benchmarks/search_blocks.py): the scoring time of CUDASW4's 20 queries
 #                against make-db's database, linear -4 and affine -11/-1; about 2 minutes with make-db
 #     search-sizes  the same search's scoring time by block size (benchmarks/search_blocks.py --max-cells: 2^24,
-#                2^26 and 2^28 padded target residues a block), the exact kernel and the soft one (its blocks by cells
-#                alone or cut at its classes; its rescaled segments 24 or 40 bits below U), gap -4; about 3 minutes
-#                with make-db
-#     soft-search  the soft search kernel block by block (benchmarks/search_soft.py): GCUPS per tile shape at t = 1
+#                2^26 and 2^28 padded target residues a block), the exact kernel and the soft one (its rescaled
+#                segments 24 or 40 bits below U), gap -4; about 3 minutes with make-db
+#     soft-search  the soft search kernel block by block (benchmarks/search_soft.py): GCUPS per length class at t = 1
 #                beside the general op (and the exact kernel at t = 0), flagged pairs, error against float64; gap -4
 #                and -11/-1; about 2 minutes
 #     details    what --format-output's 21 columns (and --rank evalue) cost in that search, at t = 0 and 1
@@ -282,8 +281,7 @@ rows = end_to_end_rows('cuda', list(read_fasta('$FASTA')), ${E2E_PAIRS:-1000000}
       [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }
       [ -f /tmp/search_db.fasta ] || python3 .peer/tools/make-db /tmp/search_db.fasta
       timeout 400 python3 benchmarks/search_blocks.py .peer/cudasw4/allqueries.fasta /tmp/search_db.fasta --gaps linear \
-        --waves 1 --max-queries 1000 0 --max-cells 16777216 67108864 268435456 --soft-waves none 1 \
-        --soft-drops 24 40 2>&1 \
+        --waves 1 --max-queries 1000 0 --max-cells 16777216 67108864 268435456 --soft-drops 24 40 2>&1 \
         | tee "$OUT/search_sizes.txt" ;;
     search-blocks)
       [ -f .peer/data/proteins.fasta ] || { mkdir -p .peer/data && cp $FASTA .peer/data/proteins.fasta; }

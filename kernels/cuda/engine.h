@@ -199,22 +199,21 @@ int64_t sw_cuda_search_s16_edge_bytes(int64_t B, int64_t M, int64_t N, bool affi
 cudaError_t sw_cuda_search_s16(const SearchS16Call& call, cudaStream_t stream);
 // Soft scores of one query against many targets at t > 0 in float32, in scaled exponential space
 // (search_soft.cu): query (M,) codes below K, targets (B, N) padded codes with lengths tlen (B,) int64 at
-// most width (<= N, the columns the tile shape is chosen for: a caller may score the rows of a block in
-// runs of similar lengths, each with its own shape),
+// most N, swept by `warps` warps, each taking targets in order as it needs them, end to end (0 < warps <= B),
 // powers (K, K) float32, 2^(S c) with c = log2(e) / t. Linear gaps (affine false): gap_factor = 2^(gap c).
 // Affine: gap_factor = O = 2^(gap_open c), extend_factor = 2^(gap_extend c) - O. upper, middle: the
 // exponents U, T of the rescaling (a segment's largest value is rescaled to 2^T once it passes 2^U, and a
 // segment with an input past 2^U lands at 2^T, linear 2^(2T - U)); floor: F, the cells of a segment scaled
 // by more than 2^F must stay above 2^-F (such a segment near it is rescaled up to 2^T); bound: the
 // padding's bound (a best cell at most it is flagged); tl: t ln 2. scores (B,) float32: the score, or -1
-// for a flagged pair, counted in *flagged (zeroed by the caller). boundary:
-// sw_cuda_search_soft_edge_bytes(B, M, width, affine) bytes, or null where that is 0. Dynamic shared memory:
+// for a flagged pair, counted in *flagged (zeroed by the caller). scratch:
+// sw_cuda_search_soft_scratch_bytes(B, M, warps, affine) bytes, 16-byte aligned. Dynamic shared memory:
 // sw_cuda_search_soft_shared_bytes(K) per block.
 struct SearchSoftCall {
   const uint8_t* query;
   int M;
   const uint8_t* target;
-  int64_t N, B, width;
+  int64_t N, B;
   const int64_t* tlen;
   const float* powers;
   int K;
@@ -224,10 +223,13 @@ struct SearchSoftCall {
   float bound;
   double tl;
   float* scores;
-  void* boundary;
+  void* scratch;
   int* flagged;
+  int warps;
 };
-int64_t sw_cuda_search_soft_edge_bytes(int64_t B, int64_t M, int64_t width, bool affine);
+int64_t sw_cuda_search_soft_scratch_bytes(int64_t B, int64_t M, int64_t warps, bool affine);
+// The soft search's warps that a GPU with `sms` SMs holds at once, its warps by default.
+int64_t sw_cuda_search_soft_resident_warps(int sms);
 int64_t sw_cuda_search_soft_shared_bytes(int K);
 cudaError_t sw_cuda_search_soft(const SearchSoftCall& call, cudaStream_t stream);
 // An empty kernel: the launch-overhead yardstick of `swcli bench`.

@@ -940,11 +940,11 @@ std::tuple<at::Tensor, at::Tensor> op_search_scores_s16(const at::Tensor& query_
 // (scores (B,) float32, flagged (1,) int32): one query's soft scores against padded targets at t > 0, -1
 // where the kernel's checks did not hold (counted in flagged: the caller scores those again through the
 // general op). The settings come from search.SoftSearch, which derives them from the matrix, t and the
-// gaps. width: the targets' longest length, which sets the tile shape (0: N); the lengths must be in
-// [0, width] (the search's blocks are, by construction).
+// gaps. warps: the warps that share the targets (0: as many as the GPU holds at once; at most B); a
+// score has the same bits whatever their number. Targets sorted by length share best.
 std::tuple<at::Tensor, at::Tensor> op_search_scores_soft(const at::Tensor& query_in, const at::Tensor& target_in,
                                                          const at::Tensor& tlen_in, const at::Tensor& powers_in,
-                                                         int64_t width, bool affine, double gap_factor,
+                                                         int64_t warps_in, bool affine, double gap_factor,
                                                          double extend_factor, double temperature, int64_t upper,
                                                          int64_t middle, int64_t floor, double bound) {
   const std::string inputs = search_inputs_error("soft", query_in, target_in, tlen_in, powers_in);
@@ -965,8 +965,7 @@ std::tuple<at::Tensor, at::Tensor> op_search_scores_soft(const at::Tensor& query
                   ", middle < upper <= 126 and floor in [0, 126], got middle " + std::to_string(middle) +
                   ", upper " + std::to_string(upper) + ", floor " + std::to_string(floor));
   TORCH_CHECK(M < (int64_t(1) << 30) && N < (int64_t(1) << 30), "the soft search takes at most 2^30 residues a sequence");
-  TORCH_CHECK(0 <= width && width <= N, "width must be in [0, N] (0: N), got " + std::to_string(width));
-  const int64_t columns = width > 0 ? width : N;
+  TORCH_CHECK(warps_in >= 0, "warps must be at least 0 (0: as many as the GPU holds), got " + std::to_string(warps_in));
   const int64_t K = powers_in.size(0);
   TORCH_CHECK(K <= 255, "the soft search takes at most 255 letters (uint8 codes and a padding letter)");
   const int64_t smem_limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
@@ -980,14 +979,15 @@ std::tuple<at::Tensor, at::Tensor> op_search_scores_soft(const at::Tensor& query
   at::Tensor flagged = at::zeros({1}, query.options().dtype(at::kInt));
   if (B == 0) return {scores, flagged};
   if (M == 0 || N == 0) return {scores.zero_(), flagged};
-  at::Tensor boundary;
-  const int64_t edge_bytes = sw_cuda_search_soft_edge_bytes(B, M, columns, affine);
-  if (edge_bytes > 0) boundary = at::empty({edge_bytes}, query.options());
-  const SearchSoftCall call{query.data_ptr<uint8_t>(), int(M), target.data_ptr<uint8_t>(), N, B, columns,
+  const int64_t resident = sw_cuda_search_soft_resident_warps(device_attribute(cudaDevAttrMultiProcessorCount));
+  const int64_t warps = std::min(std::min<int64_t>(warps_in > 0 ? warps_in : resident, B), int64_t(1) << 30);
+  const at::Tensor scratch =
+      at::empty({sw_cuda_search_soft_scratch_bytes(B, M, warps, affine)}, query.options());  // (16-byte aligned)
+  const SearchSoftCall call{query.data_ptr<uint8_t>(), int(M), target.data_ptr<uint8_t>(), N, B,
                             tlen.data_ptr<int64_t>(), powers.data_ptr<float>(), int(K), affine, float(gap_factor),
                             float(extend_factor), int(upper), int(middle), int(floor), float(bound),
-                            temperature * 0.6931471805599453, scores.data_ptr<float>(),
-                            boundary.defined() ? boundary.data_ptr() : nullptr, flagged.data_ptr<int>()};
+                            temperature * 0.6931471805599453, scores.data_ptr<float>(), scratch.data_ptr(),
+                            flagged.data_ptr<int>(), int(warps)};
   SWCLI_CHECK_CUDA(sw_cuda_search_soft(call, c10::cuda::getCurrentCUDAStream()), "soft search");
   return {scores, flagged};
 }

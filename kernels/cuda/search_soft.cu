@@ -10,12 +10,16 @@
 // five (O = 2^(o c), E = 2^(e c)); X~' is taken from Z, not H, so that the chain along a row is one
 // multiply-add a cell. P comes from the query's profile in shared memory, one load a cell.
 //
-// Layout, as the exact 16-bit kernel's (search_s16.cu): a group of G lanes holds one target, R columns a
-// lane, and sweeps the query's rows as a wavefront; a target wider than a tile (G R columns) is swept tile
-// after tile, the tile's right edge going to the next through a buffer (in place, read a chunk of 32 rows
-// ahead). A launch takes G from its widest target, and each warp R (whole segments) from its own. The
-// groups of a warp are staggered so that lane l of the warp is on row k - l at step k: the 32 lanes then
-// read 32 consecutive rows of the profile, one bank each.
+// Layout: a warp sweeps tiles of 32 lanes of R columns (whole segments, below) down the query's rows as a
+// wavefront, lane l on row k - l at step k, so that the 32 lanes read 32 consecutive rows of the profile,
+// one bank each. Its targets lie end to end in its lanes, ceil(length / R) lanes each: a tile holds the
+// end of one target, whole ones and the start of the next, and a target's first lane takes the border
+// where another would take its left neighbour's column. The warps take the launch's targets in order as
+// their tiles need them (a counter in memory), so that each warp's last tile is all it pads and the
+// warps end within about a tile of each other; a target pays under a lane of padding. A tile's right
+// edge goes to the next through a buffer (staged in shared memory, stored 32
+// rows at a time, read a chunk of 32 rows ahead), and each target's best cell into its key (atomicMax)
+// that a last small kernel turns into its score.
 //
 // The profile: a warp keeps a ring of 64 rows of it (P for every letter at each query row), written 32 rows
 // at a time from the matrix's table of powers, and read at slot (k mod 64) + 31 - lane with a mirror of 32
@@ -24,14 +28,15 @@
 // letter K has P = 0.
 //
 // Scale: values are kept as float32 times 2^sigma, sigma an integer per 8 columns (a segment), the same 8
-// columns of the target whatever the tile shape. A segment is rescaled down where its largest value passes
+// columns of the target wherever it lies in the lanes and tiles. A segment is rescaled down where its largest value passes
 // 2^U, or where its left input would, and up only where sigma > F and its cells near the floor (below): by
 // a power of two, an exact multiply. A segment's input, the last column of the segment to its left (in this
 // lane, the lane to the left, or the previous tile), is converted from that segment's scale by
 // 2^(sigma' - sigma) in two factors (affine: in one where that is a normal float), exact wherever the
 // result is a normal float (an input from the lane to the left is converted by that lane, with the same
-// factors). So every cell is the same float computation whatever the lanes and tiles: a pair's score has
-// the same bits in every block it can be scored in.
+// factors; a target's first lane takes the border's 1, converted as any input). So every cell is the same
+// float computation whatever the lanes, tiles, warps and neighbouring targets: a pair's score has the
+// same bits in every block it can be scored in.
 //
 // Checks (the host derives U, T, the floor F and the padding's bound from the matrix, t and the gaps:
 // search.SoftSearch):
@@ -57,11 +62,15 @@
 namespace swcli_cuda {
 namespace {
 
-inline constexpr int kSoftWarps = 4;  // warps a block
+// One warp a block: its index, and so its edge buffer's address, are then the block's, in uniform registers
+// (4 warps a block spilled more and took 7% longer).
+inline constexpr int kSoftWarps = 1;
 inline constexpr int kSoftThreads = kSoftWarps * kWarp;
+inline constexpr int kSoftBlocksPerSM = 16;  // the launch bounds: 128 registers a lane
 inline constexpr int kSegment = 8;                     // columns a scale
 inline constexpr int kRingRows = 64;                   // two chunks of 32 query rows
 inline constexpr int kRingSlots = kRingRows + kWarp;   // a letter's slots: the ring above a mirror of 32
+inline constexpr int kEdgeStage = 2 * kWarp;           // edge rows staged in shared memory, a warp
 
 // A row of the next tile's left edge: the last column's value and its scale (affine: and X~ in that scale).
 struct alignas(8) EdgeLinear {
@@ -136,35 +145,57 @@ __device__ __forceinline__ void fill_chunk(float* ring, const float* table, int 
 template <bool AFFINE>
 using Edge = std::conditional_t<AFFINE, EdgeAffine, EdgeLinear>;
 
-// One lane's target and what its group's sweep reads and writes: the kernel's set-up.
+// The launch's scratch memory: the count of targets taken, each target's key (B), then each warp's tile
+// edge (M rows a warp).
+struct Scratch {
+  unsigned long long* taken;
+  long long* keys;
+  void* edge_rows;
+  __host__ __device__ static int64_t edges_offset(int64_t B) {
+    return ((B + 1) * int64_t(sizeof(long long)) + 15) / 16 * 16;
+  }
+  static int64_t bytes(int64_t B, int64_t M, int64_t warps, size_t edge) {
+    return edges_offset(B) + warps * M * int64_t(edge);
+  }
+  template <bool AFFINE>
+  __device__ __forceinline__ Edge<AFFINE>* edges() const { return static_cast<Edge<AFFINE>*>(edge_rows); }
+};
+
+__device__ __forceinline__ Scratch scratch_of(const SearchSoftCall& call) {
+  char* const base = static_cast<char*>(call.scratch);
+  return Scratch{reinterpret_cast<unsigned long long*>(base), reinterpret_cast<long long*>(base) + 1,
+                 base + Scratch::edges_offset(call.B)};
+}
+
+// One lane's set-up: what its warp's sweep reads and writes.
 template <bool AFFINE>
 struct SoftLane {
   const float* table;  // the matrix's powers in shared memory, rows of `stride`
   float* ring;         // the warp's profile ring
-  int stride, lane, g, len;
-  const uint8_t* codes;  // the target
-  Edge<AFFINE>* edge;    // the group's tile edges, where its target takes several tiles
+  int stride, lane;
+  unsigned long long* taken;  // the launch's targets taken so far, in order, by all its warps
+  Edge<AFFINE>* edge;  // the warp's tile edges, a row each
+  Edge<AFFINE>* staged;  // the warp's ring of rows on their way there (kEdgeStage), in shared memory
+  long long* keys;     // the targets' best cells (scaled_key), kFlaggedKey where a check failed
   float upper, floor_value;
   float floor_first;  // a segment whose first cell is at least this has every cell above the floor
   float middle;       // 2^T, where a rescaled segment's largest value lands
-  unsigned ring_lane;  // the first slot the lane reads in its letter's rows
+  unsigned ring_lane;  // the first slot the lane reads in its letters' rows
 };
 
-// The group sweeps `tiles` tiles of G R columns; the lane's best cells go into best_key, and a check that
-// failed (an overflow, a NaN, a cell under the floor) sets failed.
-template <int G, int R, bool AFFINE>
-__device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const SoftLane<AFFINE>& w, int tiles,
-                                           long long& best_key, bool& failed) {
-  static_assert(R % kSegment == 0 && kWarp % G == 0, "lanes of whole segments, groups of whole warps");
+// A target's key where one of its checks failed: above every scaled_key.
+inline constexpr long long kFlaggedKey = 0x7fffffffffffffffll;
+
+// The warp sweeps its targets in tiles of 32 R columns: each target takes whole lanes, ceil(length / R) of
+// them, one after another, so a tile holds the end of one target, whole ones and the start of another
+// (a lane past the last target's lanes sweeps padding). A lane's best cells go into its target's key.
+template <int R, bool AFFINE>
+__device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const SoftLane<AFFINE>& w) {
+  static_assert(R % kSegment == 0, "lanes of whole segments");
   constexpr int S = R / kSegment;  // segments a lane
-  constexpr int W = G * R;         // columns a tile
-  // Only the widest groups take targets of several tiles (launch_lanes: a narrower class holds its launch's
-  // widest target in one), so only they carry the edge's reads and writes through the steps.
-  constexpr bool kEdges = G == kWarp;
-  const int K = call.K, stride = w.stride, lane = w.lane, g = w.g, M = call.M, len = w.len;
+  const int K = call.K, stride = w.stride, lane = w.lane, M = call.M;
   const float* const table = w.table;
   float* const ring = w.ring;
-  const uint8_t* const codes = w.codes;
   Edge<AFFINE>* const edge = w.edge;
   const float upper = w.upper, floor_value = w.floor_value, floor_first = w.floor_first, middle = w.middle;
   // Where an input past 2^U lands: 2^T affine; linear 2^(2T - U), as far under 2^T as 2^T is under 2^U. A
@@ -179,8 +210,67 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
   border.x = 1.0f, border.sig = 0;
   if constexpr (AFFINE) border.xt = 1.0f;
 
-  for (int tile = 0; tile < tiles; ++tile) {
-    const int c0 = tile * W + g * R;
+  // The warp's queue: lane l holds its l-th target (-1: none), in the order taken from the launch's.
+  int64_t mine = -1;
+  int queued = 0;          // targets in the queue
+  bool exhausted = false;  // the launch has no target left to take
+  int used = 0;            // the first's lanes in the tiles before
+  while (true) {
+    // The queue's lanes, a prefix sum across it: each target's end, as a lane of this tile. Where they
+    // leave lanes of the tile free, the warp takes more targets: a warp takes targets only as it gets to
+    // them, so the launch's warps end within about a tile of each other.
+    int span, end;
+    for (;;) {
+      span = mine >= 0 ? int((call.tlen[mine] + R - 1) / R) : 0;  // its lanes
+      end = span;
+#pragma unroll
+      for (int d = 1; d < kWarp; d *= 2) {
+        const int before = __shfl_up_sync(kFull, end, d);
+        if (lane >= d) end += before;
+      }
+      end -= used;
+      const int filled = __shfl_sync(kFull, end, kWarp - 1);
+      if (filled >= kWarp || exhausted || queued == kWarp) break;
+      // One into an empty queue; else as many as the free lanes hold where each takes as many lanes as the
+      // queue's last (the caller's targets come longest first: where they do not, this takes fewer at a
+      // time).
+      const int last = queued > 0 ? max(__shfl_sync(kFull, span, queued - 1), 1) : kWarp;
+      const int take = min(kWarp - queued, max((kWarp - filled) / last, 1));
+      unsigned long long first = 0;
+      if (lane == 0) first = atomicAdd(w.taken, static_cast<unsigned long long>(take));
+      first = __shfl_sync(kFull, first, 0);
+      const int64_t left = first < static_cast<unsigned long long>(call.B) ? call.B - int64_t(first) : 0;
+      const int got = int(min(int64_t(take), left));
+      if (lane >= queued && lane < queued + got) mine = int64_t(first) + (lane - queued);
+      queued += got;
+      exhausted = got < take;
+    }
+    if (queued == 0) break;  // (exhausted)
+    // The lane's target: the first whose lanes end past it (none past the queue's last).
+    int t = 0;
+#pragma unroll
+    for (int half = kWarp / 2; half > 0; half /= 2)
+      if (__shfl_sync(kFull, end, t + half - 1) <= lane) t += half;
+    const int t_end = __shfl_sync(kFull, end, t), t_span = __shfl_sync(kFull, span, t);
+    const int64_t b = __shfl_sync(kFull, mine, t);
+    const bool has = t_end > lane;  // a lane of a target (else padding past the queue's last)
+    const int first_lane = t_end - t_span;  // the target's first lane in this tile (< 0: in a tile before)
+    // The next tile: past the targets that end in this one; the last lane's target, if it goes on, first.
+    const int done = min(__popc(__ballot_sync(kFull, end <= kWarp)), queued);
+    const bool goes_on = __shfl_sync(kFull, has && t_end > kWarp, kWarp - 1);
+    const int last_first = __shfl_sync(kFull, first_lane, kWarp - 1);
+    const bool reads_edge = used > 0;  // the first lane goes on with a target from the tile before
+    const bool writes_edge = goes_on && lane == kWarp - 1;
+    mine = __shfl_down_sync(kFull, mine, done);
+    if (lane >= kWarp - done) mine = -1;
+    queued -= done;
+    used = goes_on ? kWarp - last_first : 0;
+    if (!__any_sync(kFull, has)) continue;  // targets without residues (their score: the finish's)
+
+    const int len = has ? int(call.tlen[b]) : 0;
+    const int c0 = (lane - first_lane) * R;  // the lane's first column in its target
+    const bool starts = has && c0 == 0;      // takes the border, not its left neighbour's column
+    const uint8_t* const codes = call.target + (has ? b : 0) * call.N;
     unsigned at[R];  // the shared address of slot 31 - lane in each column's letter's rows
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -189,6 +279,8 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       at[r] = ring_lane + 4u * unsigned(letter * kRingSlots);
     }
     const int inside = len - c0;  // this lane's columns inside the target (may be <= 0 or > R)
+    long long best_key = scaled_key(0, 1.0f);  // the zero border, E = 1
+    bool failed = false;
     float up[R], yt[AFFINE ? R : 1];  // stored E of the row above; affine: Y~ of this row's cells
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -204,21 +296,31 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     float x_send = 1.0f, xt_send = 1.0f;  // this lane's last column at its last row, for the lane to the right
     int sig_send = 0;
     // Between the ramps, a lane sends its last column already in the scale of the right lane's first segment
-    // (x_sent, xt_sent: the conversion that lane would make, so the same floats), and the group's first lane
+    // (x_sent, xt_sent: the conversion that lane would make, so the same floats), and a target's first lane
     // takes the border's 1 in its own first segment's scale (border_in): a step then shuffles one value, not
     // a value and its scale, and its first segment converts nothing. A step converts its last column by
     // out_a, out_b (its last segment's scale to the right lane's first's); all of these are made again
-    // wherever a scale they depend on may have changed (refresh, below). A tile's left edge is still
-    // converted by the lane that takes it.
-    float x_sent = 1.0f, xt_sent = 1.0f, out_a = 1.0f, out_b = 1.0f, border_in = 1.0f;
-    // The left edge's rows, in a tile after the target's first: lane l holds row 32 c + l of the chunk c of
-    // steps being swept (edge_now) and of the next (edge_next, read a chunk ahead, at the profile's fill),
-    // and lane 0 takes row k's by a shuffle at step k. The buffer is read a whole tile after it was
-    // written (past the L2 for long queries): read a step ahead, the load could stall the warp at the next.
-    const bool reads_edge = kEdges && tile > 0;  // the whole warp (G = 32: one group)
-    const bool writes_edge = kEdges && tile + 1 < tiles && g == G - 1;
+    // wherever a scale they depend on may have changed (refresh, below). A tile's left edge is converted
+    // into lane 0's scale a chunk of rows at a time (edge_x, edge_xt, below).
+    float x_sent = 1.0f, xt_sent = 1.0f, out_a = 1.0f, out_b = 1.0f, out_c = 0.0f, border_in = 1.0f;
+    // The left edge's rows, where the first lane goes on with a target: lane l holds row 32 c + l of the
+    // chunk c of steps being swept (edge_now) and of the next (edge_next, read a chunk ahead, at the
+    // profile's fill), and lane 0 takes row k's by a shuffle at step k. The buffer is read a whole tile
+    // after it was written (past the L2 for long queries): read a step ahead, the load could stall the warp
+    // at the next.
     Edge<AFFINE> edge_now = border, edge_next = border;
     if (reads_edge) edge_now = edge[min(lane, M - 1)], edge_next = edge[min(kWarp + lane, M - 1)];
+    // Between the ramps, edge_now's row already in the scale of lane 0's first segment, as lane 0 would
+    // convert it (made again where that scale or the chunk changes): lane 0 then takes it as sent.
+    float edge_x = 1.0f, edge_xt = 1.0f;
+    // Rows for the next tile: the last lane stages its row k - 31 at step k in shared memory (a ring of
+    // 64 rows, at an address the same for the whole warp), and the fill stores each whole chunk of 32.
+    Edge<AFFINE>* const staged = w.staged;
+    int stored = 0;  // the rows stored so far
+    auto store_rows = [&](const int end) {  // up to row `end`, the whole warp
+      for (int row = stored + lane; row < end; row += kWarp) edge[row] = staged[row & (kEdgeStage - 1)];
+      stored = max(stored, end);
+    };
     int letter_next = lane < M ? call.query[lane] : 0;
     const int steps = M + kWarp - 1;
     // Rescale segment s by 2^-shift (exact: a power of two in two factors), its best so far folded into
@@ -253,14 +355,26 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       return convert(x, a, b);
     };
     // The conversions of what a lane sends and what the border gives, after its or its right neighbour's
-    // scales may have changed: the whole warp, converged.
+    // scales may have changed: the whole warp, converged. A lane whose right neighbour starts a target
+    // sends that lane's border instead, as the multiply-add x 0 + border (out_a 0, out_c the border): the
+    // same instructions as the conversion.
     auto refresh = [&]() {
-      const int right = __shfl_down_sync(kFull, sig[0], 1, G);  // (the group's last lane: unused)
+      const int right = __shfl_down_sync(kFull, sig[0], 1);  // (the last lane: unused)
+      const bool right_starts = __shfl_down_sync(kFull, starts, 1);
       conversion(sig[S - 1] - right, out_a, out_b);
+      out_c = right_starts ? converted(1.0f, -right) : 0.0f;
+      if (right_starts) out_a = 0.0f;
       // from x_send's scale: a settle may have rescaled its segment since
-      x_sent = converted(x_send, sig_send - right);
-      if constexpr (AFFINE) xt_sent = converted(xt_send, sig_send - right);
+      x_sent = right_starts ? out_c : converted(x_send, sig_send - right);
+      if constexpr (AFFINE) xt_sent = right_starts ? out_c : converted(xt_send, sig_send - right);
       border_in = converted(1.0f, -sig[0]);
+      if (reads_edge) {
+        const int first = __shfl_sync(kFull, sig[0], 0);
+        edge_x = converted(edge_now.x, edge_now.sig - first);
+        if constexpr (AFFINE) edge_xt = converted(edge_now.xt, edge_now.sig - first);
+      } else {  // lane 0's target starts in this tile: it takes its border where it would take the edge
+        edge_x = edge_xt = __shfl_sync(kFull, border_in, 0);
+      }
     };
     // Whether any lane of the warp has cond: a branch the whole warp takes or skips (no divergence to
     // reconverge from), where every lane is in the step; in a ramp, the lane's own.
@@ -278,7 +392,13 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       __syncwarp();
       fill_chunk(ring, table, stride, K, k >> 5, letter_next, lane);
       letter_next = k + kWarp + lane < M ? call.query[k + kWarp + lane] : 0;
-      if (reads_edge && k > 0) edge_now = edge_next, edge_next = edge[min(k + kWarp + lane, M - 1)];
+      if (goes_on && k >= 2 * kWarp) store_rows(min(k - kWarp, M));  // rows staged at steps before k
+      if (reads_edge && k > 0) {
+        edge_now = edge_next, edge_next = edge[min(k + kWarp + lane, M - 1)];
+        const int first = __shfl_sync(kFull, sig[0], 0);
+        edge_x = converted(edge_now.x, edge_now.sig - first);
+        if constexpr (AFFINE) edge_xt = converted(edge_now.xt, edge_now.sig - first);
+      }
       __syncwarp();
     };
     // The rescaling after a step where a lane found a segment for it (step's `rescaling`): a segment that
@@ -287,7 +407,9 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
 #pragma unroll
       for (int s = 0; s < S; ++s) {
         const float hi = segment_max(0.0f, up, s);
-        const bool near_floor = up[s * kSegment] < low[s];
+        // (the step's float test, here on the bits, which order as the values do: the compiler would
+        // otherwise keep the step's result for it in a register through every step)
+        const bool near_floor = __float_as_int(up[s * kSegment]) < __float_as_int(low[s]);
         if (near_floor) {  // the cells inside the target, against the floor
           float lo = FLT_MAX;
 #pragma unroll
@@ -307,34 +429,39 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
     auto step = [&](const int k, auto ramp) -> bool {
       const int i = k - lane;
       const unsigned offset = unsigned(k & (kRingRows - 1)) << 2;  // the same in every lane: a uniform register
-      // The input as sent (raw: x_in in the scale sig_in), where the lane converts it: in the ramps and where
-      // the warp takes a tile's left edge; else (sent) as converted by its sender (lv0, xt0).
-      const bool sent = !decltype(ramp)::value && !reads_edge;
+      // The input as sent (raw: x_in in the scale sig_in), where the lane converts it: in the ramps; else
+      // (sent) as converted by its sender (lv0, xt0).
+      const bool sent = !decltype(ramp)::value;
       float x_in, xt_in = 0.0f, lv0, xt0 = 0.0f;
       int sig_in;
-      // The raw input: the left lane's last column, or row k of the left edge (lane 0's; past the ends: a row
-      // no step uses), or the border.
+      // The raw input: the left lane's last column, or row k of the left edge (lane 0's, where it goes on
+      // with a target; past the ends: a row no step uses), or the border (a target's first lane).
       auto take_raw = [&]() {
-        x_in = __shfl_up_sync(kFull, x_send, 1, G);
-        sig_in = __shfl_up_sync(kFull, sig_send, 1, G);
-        if constexpr (AFFINE) xt_in = __shfl_up_sync(kFull, xt_send, 1, G);
+        x_in = __shfl_up_sync(kFull, x_send, 1);
+        sig_in = __shfl_up_sync(kFull, sig_send, 1);
+        if constexpr (AFFINE) xt_in = __shfl_up_sync(kFull, xt_send, 1);
         Edge<AFFINE> here = border;
         if (reads_edge) {
           here.x = __shfl_sync(kFull, edge_now.x, k & (kWarp - 1));
           here.sig = __shfl_sync(kFull, edge_now.sig, k & (kWarp - 1));
           if constexpr (AFFINE) here.xt = __shfl_sync(kFull, edge_now.xt, k & (kWarp - 1));
         }
-        if (g == 0) {
+        if (starts) here = border;
+        if (starts || lane == 0) {
           x_in = here.x, sig_in = here.sig;
           if constexpr (AFFINE) xt_in = here.xt;
         }
       };
       if (sent) {
-        lv0 = __shfl_up_sync(kFull, x_sent, 1, G);
-        if constexpr (AFFINE) xt0 = __shfl_up_sync(kFull, xt_sent, 1, G);
-        if (g == 0) {
-          lv0 = border_in;
-          if constexpr (AFFINE) xt0 = border_in;
+        lv0 = __shfl_up_sync(kFull, x_sent, 1);
+        if constexpr (AFFINE) xt0 = __shfl_up_sync(kFull, xt_sent, 1);
+        // Lane 0 takes row k of the edge, converted (or its border: refresh); another lane whose target
+        // starts here got its border from its left neighbour.
+        const float x = __shfl_sync(kFull, edge_x, k & (kWarp - 1));
+        [[maybe_unused]] const float xt = AFFINE ? __shfl_sync(kFull, edge_xt, k & (kWarp - 1)) : 0.0f;
+        if (lane == 0) {
+          lv0 = x;
+          if constexpr (AFFINE) xt0 = xt;
         }
       } else {
         take_raw();
@@ -363,12 +490,13 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           }
           const int delta = sig_last - sig[s];
           bool passes = over;
-          if constexpr (AFFINE) {
-            if (over) {  // converted again in two factors
-              split_pow2(delta, a0, b0);
-              lv = x_last * a0 * b0, xt = xt_last * a0 * b0;
-              passes = !(lv <= upper);
-            }
+          // Affine: converted again in two factors. Linear, the first segment's input as sent: converted
+          // again too, the same float, but for a border sent as x 0 + border where x was not finite.
+          if (AFFINE ? over : s == 0 && sent) {
+            split_pow2(delta, a0, b0);
+            lv = x_last * a0 * b0;
+            if constexpr (AFFINE) xt = xt_last * a0 * b0;
+            passes = !(lv <= upper);
           }
           if (passes) {
           // The input passes 2^U (or overflowed in the conversion): rescale the segment first, so that
@@ -416,14 +544,14 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       }
       x_send = x_last, xt_send = xt_last, sig_send = sig_last;
       if constexpr (!decltype(ramp)::value) {  // (a ramp's steps: the refresh before the loop)
-        x_sent = convert(x_last, out_a, out_b);
-        if constexpr (AFFINE) xt_sent = convert(xt_last, out_a, out_b);
+        x_sent = AFFINE ? fmaf(x_last, out_a, out_c) : fmaf(x_last * out_a, out_b, out_c);
+        if constexpr (AFFINE) xt_sent = fmaf(xt_last, out_a, out_c);
       }
       if (writes_edge) {
         Edge<AFFINE> e;
         e.x = x_send, e.sig = sig_send;
         if constexpr (AFFINE) e.xt = xt_send;
-        edge[i] = e;
+        staged[(k - (kWarp - 1)) & (kEdgeStage - 1)] = e;
       }
       // Where a lane has a segment past 2^U, or one with sigma > F whose first cell is under floor_first
       // (each cell is at least C times its left neighbour, C: G (1 - 2^-24), affine O (1 - 2^-24) through
@@ -465,46 +593,50 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       }
     }
     for (; k < steps; ++k) ramp_step(k);
+    if (goes_on) {
+      __syncwarp();
+      store_rows(M);
+    }
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       failed |= !(best[s] <= FLT_MAX);
       if (best[s] > 0.0f) best_key = max(best_key, scaled_key(sig[s], best[s]));
     }
+    if (has) atomicMax(w.keys + b, failed ? kFlaggedKey : best_key);  // (lanes past the last target: none)
     __syncwarp();  // the last lane's edge writes are visible to the first lane in the next tile
   }
 }
 
-// Columns a lane, by warp (warp_columns in common.cuh): whole segments, 8 to 32; past one tile, the most
-// or a segment fewer. (Linear tiles of 16 columns too, beside the 24 and 32 of the same launch's targets,
-// slowed that launch by instruction-cache misses more than their padding saved.)
-template <bool AFFINE>
-inline constexpr int kMostColumns = AFFINE ? 24 : 32;  // the affine cell holds Y~ too: 32 would spill
-template <bool AFFINE>
-inline constexpr int kFewestColumns = kMostColumns<AFFINE> - kSegment;
+// The powers' table, then each warp's profile ring, then each warp's staged edge rows (16-byte aligned).
+__host__ __device__ size_t rings_end(int K) { return sizeof(float) * (size_t(K) * (K | 1) + size_t(kSoftWarps) * (K + 1) * kRingSlots); }
+size_t shared_bytes(int K) { return (rings_end(K) + 15) / 16 * 16 + kSoftWarps * kEdgeStage * sizeof(EdgeAffine); }
 
-template <int G, bool AFFINE>
-__global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const SearchSoftCall call) {
+// Columns a lane: the affine cell holds Y~ too, where 32 would spill. (Fewer columns would pad each
+// target less but repeat the step's fixed cost more often.)
+template <bool AFFINE>
+inline constexpr int kColumns = AFFINE ? 24 : 32;
+
+template <bool AFFINE>
+__global__ void __launch_bounds__(kSoftThreads, kSoftBlocksPerSM) search_soft_kernel(const SearchSoftCall call) {
   extern __shared__ float smem[];
   const int K = call.K, stride = K | 1;  // an odd stride: the fill's lanes, at different letters, hit different banks
-  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+  const int warp = kSoftWarps == 1 ? 0 : int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
   float* const table = smem;
   float* const ring = smem + K * stride + warp * (K + 1) * kRingSlots;
   for (int e = threadIdx.x; e < K * K; e += kSoftThreads) table[(e / K) * stride + e % K] = call.powers[e];
   for (int s = lane; s < kRingSlots; s += kWarp) ring[K * kRingSlots + s] = 0.0f;  // the padding letter
   __syncthreads();
 
-  const int64_t first = (int64_t(blockIdx.x) * kSoftWarps + warp) * (kWarp / G);
-  if (first >= call.B) return;  // a whole warp leaves together
-  const int64_t group = first + lane / G;
-  const int g = lane % G, M = call.M;
-  // Groups past the batch sweep the last target again and write nothing.
-  const bool writes = group < call.B;
-  const int64_t b = writes ? group : call.B - 1;
+  const int64_t warp_index = int64_t(blockIdx.x) * kSoftWarps + warp;
+  if (warp_index >= call.warps) return;  // a whole warp leaves together
+  const Scratch scratch = scratch_of(call);
   SoftLane<AFFINE> w;
-  w.table = table, w.ring = ring, w.stride = stride, w.lane = lane, w.g = g;
-  w.len = int(call.tlen[b]);
-  w.codes = call.target + b * call.N;
-  w.edge = call.boundary ? static_cast<Edge<AFFINE>*>(call.boundary) + group * int64_t(M) : nullptr;
+  w.table = table, w.ring = ring, w.stride = stride, w.lane = lane;
+  w.taken = scratch.taken;
+  w.edge = scratch.edges<AFFINE>() + warp_index * call.M;
+  w.staged = reinterpret_cast<Edge<AFFINE>*>(reinterpret_cast<char*>(smem) + (rings_end(K) + 15) / 16 * 16) +
+             warp * kEdgeStage;
+  w.keys = scratch.keys;
   w.upper = pow2_int(call.upper), w.floor_value = pow2_int(-call.floor);
   const double chain = double(call.gap_factor) * (1.0 - 1e-6);  // 1 - 1e-6 < (1 - 2^-24)^7
   const double floor_first = ldexp(1.0, -call.floor) / (chain * chain * chain * chain * chain * chain * chain);
@@ -512,73 +644,72 @@ __global__ void __launch_bounds__(kSoftThreads, 4) search_soft_kernel(const Sear
   w.middle = pow2_int(call.middle);
   // The first slot a lane reads in its letter's rows: k mod 64 is then added, the same in every lane.
   w.ring_lane = unsigned(__cvta_generic_to_shared(ring)) + 4u * unsigned(kWarp - 1 - lane);
-  const int widest = __reduce_max_sync(kFull, unsigned(w.len));
-  const int columns = warp_columns(G, widest, kMostColumns<AFFINE>, kSegment, kFewestColumns<AFFINE>);
-  const int tiles = (widest + G * columns - 1) / (G * columns);  // 0 where every target is empty
-  long long best_key = scaled_key(0, 1.0f);  // the zero border, E = 1
-  bool failed = false;
-  sweep_by_columns<kSegment, kMostColumns<AFFINE>, kSegment>(
-      columns, [&](auto R) { soft_sweep<G, decltype(R)::value, AFFINE>(call, w, tiles, best_key, failed); });
-  const int len = w.len;
-#pragma unroll
-  for (int off = G / 2; off > 0; off /= 2) best_key = max(best_key, __shfl_xor_sync(kFull, best_key, off, G));
-  const unsigned group_failed = __ballot_sync(kFull, failed) >> (lane / G * G);
-  if (writes && g == 0) {
-    const bool flagged = len > 0 && ((group_failed & (G == kWarp ? kFull : (1u << G) - 1u)) != 0 ||
-                                     best_key <= scaled_key(0, call.bound));
+  soft_sweep<kColumns<AFFINE>, AFFINE>(call, w);
+}
+
+// Every target's key at the zero border's (E = 1), before the warps fold their best cells into them; none
+// taken yet.
+__global__ void search_soft_keys_kernel(const SearchSoftCall call) {
+  const Scratch scratch = scratch_of(call);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scratch.taken = 0;
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < call.B; b += int64_t(gridDim.x) * blockDim.x)
+    scratch.keys[b] = scaled_key(0, 1.0f);
+}
+
+// The scores from the keys: a target's best cell, or -1 where a check failed or the best cell is at most the
+// padding's bound (it may then be one of the padding's; the header says why), counted in flagged.
+__global__ void search_soft_scores_kernel(const SearchSoftCall call) {
+  const Scratch scratch = scratch_of(call);
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < call.B; b += int64_t(gridDim.x) * blockDim.x) {
+    const long long key = scratch.keys[b];
+    const bool flagged = call.tlen[b] > 0 && (key == kFlaggedKey || key <= scaled_key(0, call.bound));
     float score = 0.0f;
-    if (len > 0 && !flagged) {
-      const int e = int(best_key >> 23) - 127;
-      score = float(call.tl * (double(e) + log2(double(mantissa_of(unsigned(best_key))))));
+    if (call.tlen[b] > 0 && !flagged) {
+      const int e = int(key >> 23) - 127;
+      score = float(call.tl * (double(e) + log2(double(mantissa_of(unsigned(key))))));
     }
     call.scores[b] = flagged ? -1.0f : score;
     if (flagged) atomicAdd(call.flagged, 1);
   }
 }
 
-size_t shared_bytes(int K) {
-  return sizeof(float) * (size_t(K) * (K | 1) + size_t(kSoftWarps) * (K + 1) * kRingSlots);
-}
 
-template <int G, bool AFFINE>
+template <bool AFFINE>
 cudaError_t launch_soft(const SearchSoftCall& call, cudaStream_t stream) {
-  const int64_t warps = (call.B + kWarp / G - 1) / (kWarp / G);
-  const int64_t blocks = (warps + kSoftWarps - 1) / kSoftWarps;
-  const size_t shared = shared_bytes(call.K);
-  cudaError_t err = cudaFuncSetAttribute(search_soft_kernel<G, AFFINE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(shared));
+  constexpr int kFinishThreads = 256;
+  const unsigned finish_blocks = unsigned(std::min<int64_t>((call.B + kFinishThreads - 1) / kFinishThreads, 1024));
+  search_soft_keys_kernel<<<finish_blocks, kFinishThreads, 0, stream>>>(call);
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  search_soft_kernel<G, AFFINE><<<unsigned(blocks), kSoftThreads, shared, stream>>>(call);
+  const size_t shared = shared_bytes(call.K);
+  err = cudaFuncSetAttribute(search_soft_kernel<AFFINE>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+  if (err != cudaSuccess) return err;
+  // The blocks of an SM hold kSoftBlocksPerSM copies of the table and rings: all the shared memory there is.
+  err = cudaFuncSetAttribute(search_soft_kernel<AFFINE>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             int(cudaSharedmemCarveoutMaxShared));
+  if (err != cudaSuccess) return err;
+  const unsigned blocks = unsigned((call.warps + kSoftWarps - 1) / kSoftWarps);
+  search_soft_kernel<AFFINE><<<blocks, kSoftThreads, shared, stream>>>(call);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  search_soft_scores_kernel<<<finish_blocks, kFinishThreads, 0, stream>>>(call);
   return cudaGetLastError();
-}
-
-template <bool AFFINE>
-cudaError_t search_any(const SearchSoftCall& call, cudaStream_t stream) {
-  return launch_by_lanes(call.width, kMostColumns<AFFINE>,
-                         [&](auto G) { return launch_soft<decltype(G)::value, AFFINE>(call, stream); });
-}
-
-template <bool AFFINE>
-int64_t edge_bytes(int64_t B, int64_t M, int64_t N) {
-  const int G = launch_lanes(N, kMostColumns<AFFINE>);
-  if (N <= int64_t(G) * kMostColumns<AFFINE>) return 0;  // one tile
-  const int64_t per_warp = kWarp / G;
-  const int64_t groups = (B + per_warp - 1) / per_warp * per_warp;  // the groups past the batch have rows too
-  return groups * M * int64_t(sizeof(Edge<AFFINE>));
 }
 
 }  // namespace
 }  // namespace swcli_cuda
 
-int64_t sw_cuda_search_soft_edge_bytes(int64_t B, int64_t M, int64_t width, bool affine) {
+int64_t sw_cuda_search_soft_scratch_bytes(int64_t B, int64_t M, int64_t warps, bool affine) {
   using namespace swcli_cuda;
-  return affine ? edge_bytes<true>(B, M, width) : edge_bytes<false>(B, M, width);
+  return Scratch::bytes(B, M, warps, affine ? sizeof(Edge<true>) : sizeof(Edge<false>));
 }
+
+int64_t sw_cuda_search_soft_resident_warps(int sms) { return int64_t(sms) * swcli_cuda::kSoftBlocksPerSM * swcli_cuda::kSoftWarps; }
 
 int64_t sw_cuda_search_soft_shared_bytes(int K) { return int64_t(swcli_cuda::shared_bytes(K)); }
 
 cudaError_t sw_cuda_search_soft(const SearchSoftCall& call, cudaStream_t stream) {
   using namespace swcli_cuda;
   if (call.B == 0) return cudaSuccess;
-  return call.affine ? search_any<true>(call, stream) : search_any<false>(call, stream);
+  return call.affine ? launch_soft<true>(call, stream) : launch_soft<false>(call, stream);
 }

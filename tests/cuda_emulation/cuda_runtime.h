@@ -35,7 +35,8 @@ using std::min;
 typedef int cudaError_t;
 constexpr cudaError_t cudaSuccess = 0;
 typedef void* cudaStream_t;
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributePreferredSharedMemoryCarveout };
+enum cudaSharedCarveout { cudaSharedmemCarveoutMaxShared = 100 };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount };
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 template <class F>
@@ -230,6 +231,17 @@ inline unsigned atomicMax(unsigned* p, unsigned v) {
   *p = std::max(old, v);
   return old;
 }
+inline long long atomicMax(long long* p, long long v) {
+  const long long old = *p;
+  *p = std::max(old, v);
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p += v;
+  return old;
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
 // A shared-memory address: the offset into the block's dynamic shared memory (emu::load_shared_u32 reads it).
 inline size_t __cvta_generic_to_shared(const void* p) {
   return size_t(static_cast<const unsigned char*>(p) - emu::block().dynamic_shared.data());

@@ -192,31 +192,34 @@ class EmulatedSearchSoft:
     def __init__(self, library: Path):
         lib = ctypes.CDLL(str(library))
         lib.emu_search_soft.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                         ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int,
                                         ctypes.c_int, ctypes.c_float, ctypes.c_double, ctypes.c_void_p,
-                                        ctypes.c_void_p, ctypes.c_void_p]
-        lib.emu_search_soft_edge_bytes.restype = ctypes.c_int64
-        lib.emu_search_soft_edge_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.emu_search_soft_scratch_bytes.restype = ctypes.c_int64
+        lib.emu_search_soft_scratch_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         self.lib = lib
 
     def scores(self, query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, plan: dict) -> tuple[np.ndarray, int]:
         """(scores (B,) float32, flagged) of uint8 query (M,) against uint8 targets (B, N) with lengths (B,),
-        with search.SoftSearch.plan's settings (its powers included)."""
+        with search.SoftSearch.plan's settings (its powers included). The launch has 3 warps (the first, run
+        alone, takes every target)."""
         query = np.ascontiguousarray(query, dtype=np.uint8)
         targets = np.ascontiguousarray(targets, dtype=np.uint8)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         powers = np.ascontiguousarray(plan["powers"], dtype=np.float32)
         (B, N), M, K = targets.shape, len(query), powers.shape[0]
+        warps = max(min(3, B), 1)
         scores = np.full(B, np.nan, np.float32)  # a pair left unwritten shows
         flagged = np.zeros(1, np.int32)
-        edge_bytes = self.lib.emu_search_soft_edge_bytes(B, M, N, int(plan["affine"]))
-        boundary = np.full(edge_bytes + 4 * CANARY, 0xff, np.uint8) if edge_bytes else None
+        scratch_bytes = self.lib.emu_search_soft_scratch_bytes(B, M, warps, int(plan["affine"]))
+        scratch = np.full(scratch_bytes + 4 * CANARY, 0xff, np.uint8)
         p = lambda a: None if a is None else a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-        error = self.lib.emu_search_soft(p(query), M, p(targets), N, B, N, p(lengths), p(powers), K,
-                                         int(plan["affine"]), plan["gap_factor"], plan["extend_factor"], plan["upper"], plan["middle"],
-                                         plan["floor"], plan["bound"],
-                                         plan["temperature"] * 0.6931471805599453, p(scores), p(flagged), p(boundary))
+        error = self.lib.emu_search_soft(p(query), M, p(targets), N, B, p(lengths), p(powers), K,
+                                         int(plan["affine"]), plan["gap_factor"], plan["extend_factor"], plan["upper"],
+                                         plan["middle"], plan["floor"], plan["bound"],
+                                         plan["temperature"] * 0.6931471805599453, p(scores), p(flagged), p(scratch),
+                                         warps)
         assert error == 0
-        assert boundary is None or (boundary[edge_bytes:] == 0xff).all(), "a write past the edge buffer"
+        assert (scratch[scratch_bytes:] == 0xff).all(), "a write past the scratch buffer"
         return scores, int(flagged[0])
