@@ -319,7 +319,7 @@ class ExactSearch(SearchKernel):
     def score_rows(self, query: torch.Tensor, block: "Block", start: int, stop: int,
                    width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [start, stop) of a block: (scores int32, -1 where 16 bits could not hold a pair; their count
-        (1,)), queued. (The kernel takes its lanes from the rows' width; `width` is the soft kernel's.)"""
+        (1,)), queued. (`width` is unused: the kernel takes its lanes from the codes' width.)"""
         return torch.ops.swcli.search_scores_s16(query, block.codes[start:stop], block.lengths[start:stop],
                                                  self.table, self.gap_open, self.gap_extend, self.limit)
 
@@ -353,7 +353,7 @@ class SoftSearch(SearchKernel):
     # whole query, so that a query's blocks share one path. With either gaps the kernel is the faster for
     # every query (benchmarks/search_blocks.py --max-queries in docs/benchmarks/h200.md).
     MAX_QUERY = {False: None, True: None}
-    LETTERS = 55  # the most letters whose profile rings fit 96 KB of shared memory a block
+    LETTERS = 55  # the most letters it takes (table and ring: 34.6 KB a one-warp block, 6 an SM; 16 at 24 letters)
 
     def __init__(self, powers: torch.Tensor, settings: dict):
         self.powers = powers

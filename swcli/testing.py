@@ -474,7 +474,7 @@ class CudaEngineCalls:
 
 def search_block_lengths(width: int, around: list[int], seed: int, count: int = 40) -> list[int]:
     """A block's target lengths, longest first: the lengths of `around` up to width, `count` random ones,
-    and the width itself first (a block's width sets a search kernel's tile shape)."""
+    and the width itself first (a block's width sets the exact search kernel's tile shape)."""
     rng = random.Random(seed)
     lengths = sorted([L for L in around if L <= width] + [rng.randint(0, width) for _ in range(count)], reverse=True)
     lengths[0] = width
@@ -520,7 +520,8 @@ def padded_encoded(matrix, sequences: list, width: int | None = None, junk: int 
 
 def random_search_set(seed: int, matrix=None):
     """A database of 301 random proteins of 1 to 80 or 200 to 700 residues, and the codes of 5 random
-    queries of 1 to 400: a search across the search kernels' short and long tile shapes."""
+    queries of 1 to 400: a search across the exact kernel's short and long tile shapes, and the soft
+    kernel's targets end to end across its tiles."""
     from swcli import database
     from swcli.fasta import FastaRecord
     from swcli.scoring import load_matrix

@@ -138,8 +138,8 @@ class TestCudaSearchSoft:
     def test_a_score_has_the_same_bits_whatever_its_neighbours_and_warps(self, gaps):
         """Each warp takes the launch's targets in turn, end to end in its lanes: the same targets after
         others of every length (each then starts at another lane and tile, some across a tile's edge), in
-        an order that is not by length, among empty ones, swept by 1 to 200 warps or as many as the GPU
-        holds, give the same floats as in a block of their own."""
+        an order that is not by length, among empty ones, swept by 1, 2, 3 or 7 warps or as many as the
+        GPU holds (at most one a target), give the same floats as in a block of their own."""
         load_engine("cuda")
         rng = random.Random(50_120)
         S = BLOSUM62.tensor(device=self.device)
@@ -163,7 +163,7 @@ class TestCudaSearchSoft:
             return found
 
         alone = torch.stack([scores([t], 0)[0] for t in targets])
-        for trial, warps in enumerate((1, 2, 3, 7, 200, 0)):
+        for trial, warps in enumerate((1, 2, 3, 7, 0)):
             ahead = [random_protein(rng, rng.choice([1, columns - 1, columns, columns + 1, 7 * columns + 3,
                                                      33 * columns + 5])) for _ in range(3 * trial + 1)]
             sequences = ahead + targets + [""] * 3 + [random_protein(rng, rng.randint(1, 300)) for _ in range(20)]

@@ -13,7 +13,7 @@ from swcli import database
 from swcli.fasta import FastaRecord
 from swcli.ops import load_engine
 from swcli.scoring import load_matrix
-from swcli.search import (LOW, Hits, Searcher, SoftSearch, block_bounds, hits_of, make_block, merge_top, run_search,
+from swcli.search import (LOW, Hits, Searcher, block_bounds, hits_of, make_block, merge_top, run_search,
                           score_keys, search)
 from swcli.statistics import EvalueRanking, KarlinAltschul
 from swcli.testing import (DEVICE_PARAMS, biopython_score, cuda, random_protein, random_search_set,

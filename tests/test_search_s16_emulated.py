@@ -58,9 +58,9 @@ def check(kernel, rng: torch.Generator, lengths: list[int], gaps, queries=(1, 40
 
 
 def test_the_python_mirror_of_warp_columns_is_the_kernels(kernel):
-    """swcli.search.warp_columns (the benchmarks' and these tests' model of the kernels' choice) gives what
-    common.cuh's gives, for both kernels' limits and steps (and the soft kernel's fewest columns past one
-    tile), single tiles and several."""
+    """swcli.search.warp_columns (the benchmarks' and these tests' model of the kernel's choice) gives what
+    common.cuh's gives, for limits, steps and fewest columns past one tile around the kernel's, single
+    tiles and several."""
     for lanes in (8, 16, 32):
         for most, step, fewest in ((32, 2, 16), (28, 2, 16), (32, 8, 16), (32, 8, 24), (24, 8, 16)):
             for widest in [*range(0, 3 * lanes * most, 7), lanes * most, lanes * most + 1, 20_000]:

@@ -69,12 +69,13 @@ def test_the_kernel_is_its_model_and_float64(kernel, gaps):
 
 
 @GAPS
-def test_a_score_has_the_same_bits_whatever_its_neighbours_and_warps(kernel, gaps):
+def test_a_score_has_the_same_bits_whatever_its_neighbours(kernel, gaps):
     """A warp takes targets one after another, a whole lane each R columns (linear 32, affine 24): the
     same targets after others of every length (so that each starts at a different lane and tile, and some
     cross a tile's edge), in an order that is not by length, among empty targets, give the same floats as
     in a block of their own: the scales are per 8 columns of the target, whatever the lanes and tiles.
-    (The emulation runs a launch's blocks one after another, so its first warp takes every target.)"""
+    (The emulation runs a launch's blocks one after another, so its first warp takes every target: the
+    GPU suite runs several warps.)"""
     rng = random.Random(71)
     pairs = related_protein_pairs(71, 6, 20, 120)
     q = query_codes(pairs[0][0])
@@ -98,18 +99,21 @@ def test_a_score_has_the_same_bits_whatever_its_neighbours_and_warps(kernel, gap
 
 @GAPS
 def test_several_tiles_match_the_model(kernel, gaps):
-    """Targets past a tile, a strong alignment across each tile edge: the edge buffer carries the last
-    column, its scale (and affine X~) to the next tile; the warp takes them end to end."""
+    """Targets past a tile end to end in one warp's lanes (the emulation's first warp takes them all), each
+    with a strong alignment across a tile's edge: the edge buffer carries the last column, its scale (and
+    affine X~) to the next tile, wherever the edge falls in the target."""
     rng = random.Random(72)
     query = random_protein(rng, 60)
     columns = SoftSearch.COLUMNS[gaps["gap"] is None]
-    length = 3 * 32 * columns + 5
-    sequences = []
-    for edge in range(32 * 8, length - 40, 32 * 8):  # tile edges at every 8th lane of the target
-        target = list(BLOSUM62.encode(random_protein(rng, length), lambda: "t"))
+    lanes = 3 * 32 + 5  # a target's lanes: past three tiles, so that each starts at another lane of a tile
+    sequences, first = [], 0
+    for _ in range(9):
+        target = list(BLOSUM62.encode(random_protein(rng, lanes * columns), lambda: "t"))
+        edge = (32 - first % 32) * columns  # the target's first column in the next tile
         motif = list(BLOSUM62.encode(query[:30] + random_protein(rng, 5) + query[30:], lambda: "t"))
         target[edge - 32:edge - 32 + len(motif)] = motif
         sequences.append(target)
+        first += lanes
     targets, lengths = codes_of(sequences)
     q = query_codes(query)
     plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)

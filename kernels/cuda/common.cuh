@@ -153,8 +153,8 @@ struct Pair {
   bool transposed = false;  // codes only: rows from the target, columns from the query (see oriented)
 };
 
-// The search kernels' columns a lane for a warp of groups of G lanes whose widest target is `widest`
-// (search_s16.cu, search_soft.cu; swcli.search.warp_columns mirrors it): the narrowest tile that holds it,
+// The exact search kernel's columns a lane for a warp of groups of G lanes whose widest target is `widest`
+// (search_s16.cu; swcli.search.warp_columns mirrors it): the narrowest tile that holds it,
 // from 8 columns a lane up to `most` by `step`, so that its targets pay at most `step` columns a lane of
 // padding; past the widest tile, the tiles of `fewest` or more columns a lane that pad the fewest columns
 // (a narrower tile would repeat the step's fixed cost and the wavefront's ramp too often; ties: the most).
@@ -173,7 +173,7 @@ __device__ __forceinline__ int warp_columns(int G, int widest, int most, int ste
   return chosen;
 }
 
-// The search kernels' launch classes: lanes a group, 8, 16 or 32, the narrowest whose tile of `most`
+// The exact search kernel's launch classes: lanes a group, 8, 16 or 32, the narrowest whose tile of `most`
 // columns a lane holds the launch's widest target (`width`), else 32. A step's shuffles and loop cost
 // as much as several columns, so lanes hold many columns, and narrower groups take shorter targets (more
 // targets in flight, a shorter wavefront ramp), as in CUDASW++4.0's partitions; each warp then takes the

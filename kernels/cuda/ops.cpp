@@ -941,7 +941,8 @@ std::tuple<at::Tensor, at::Tensor> op_search_scores_s16(const at::Tensor& query_
 // where the kernel's checks did not hold (counted in flagged: the caller scores those again through the
 // general op). The settings come from search.SoftSearch, which derives them from the matrix, t and the
 // gaps. warps: the warps that share the targets (0: as many as the GPU holds at once; at most B); a
-// score has the same bits whatever their number. Targets sorted by length share best.
+// score has the same bits whatever their number. Targets sorted longest first share them best. The
+// lengths must be in [0, N] (the search's blocks are, by construction).
 std::tuple<at::Tensor, at::Tensor> op_search_scores_soft(const at::Tensor& query_in, const at::Tensor& target_in,
                                                          const at::Tensor& tlen_in, const at::Tensor& powers_in,
                                                          int64_t warps_in, bool affine, double gap_factor,

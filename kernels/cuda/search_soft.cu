@@ -232,8 +232,8 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       const int filled = __shfl_sync(kFull, end, kWarp - 1);
       if (filled >= kWarp || exhausted || queued == kWarp) break;
       // One into an empty queue; else as many as the free lanes hold where each takes as many lanes as the
-      // queue's last (the caller's targets come longest first: where they do not, this takes fewer at a
-      // time).
+      // queue's last (the caller's targets come longest first: where a later one is longer, or the queue's
+      // last is empty, the warp may hold more than its next tile, which balances the warps less).
       const int last = queued > 0 ? max(__shfl_sync(kFull, span, queued - 1), 1) : kWarp;
       const int take = min(kWarp - queued, max((kWarp - filled) / last, 1));
       unsigned long long first = 0;
@@ -603,7 +603,7 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       if (best[s] > 0.0f) best_key = max(best_key, scaled_key(sig[s], best[s]));
     }
     if (has) atomicMax(w.keys + b, failed ? kFlaggedKey : best_key);  // (lanes past the last target: none)
-    __syncwarp();  // the last lane's edge writes are visible to the first lane in the next tile
+    __syncwarp();  // the stored edge rows are visible to the whole warp in the next tile
   }
 }
 
