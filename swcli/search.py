@@ -344,8 +344,8 @@ class SoftSearch(SearchKernel):
     allows (plan's spread: such pairs would all be flagged and scored again)."""
 
     SEGMENT = 8  # columns a scale (the kernel's kSegment)
-    # Columns a lane (the kernel's kColumns): a target takes whole lanes, one after another in its warp's
-    # stream of targets.
+    # Columns a lane (the kernel's kColumns): a target takes whole lanes, after the one before it in its
+    # warp's lanes.
     COLUMNS = {False: 32, True: 24}
     DROP = 24  # a segment rescaled lands at 2^(U - DROP)
     MIN_UPPER, MIN_FLOOR = 48, 24
