@@ -37,6 +37,15 @@ def kernel(tmp_path_factory) -> EmulatedSearchSoft:
                                     "driver_search_soft.cpp"))
 
 
+@pytest.fixture(scope="module")
+def kernel_of_4_warps(tmp_path_factory) -> EmulatedSearchSoft:
+    """The kernel built with 4 warps a block, which the emulation runs together: several warps then take
+    targets from the launch's counter in turn, each with its own edge rows."""
+    return EmulatedSearchSoft(build(tmp_path_factory.mktemp("emulated_search_soft_4"), "search_soft.cu",
+                                    "driver_search_soft.cpp",
+                                    {"inline constexpr int kSoftWarps = 1;": "inline constexpr int kSoftWarps = 4;"}))
+
+
 codes_of = partial(padded_encoded, BLOSUM62)  # zero past each length
 query_codes = partial(encoded, BLOSUM62)
 
@@ -95,6 +104,32 @@ def test_a_score_has_the_same_bits_whatever_its_neighbours(kernel, gaps):
         at = {i: k for k, i in enumerate(order)}
         np.testing.assert_array_equal(found[[at[len(ahead) + j] for j in range(len(targets))]], alone)
         assert found[at[len(ahead) + len(targets)]] == 0.0  # the empty target
+
+
+@GAPS
+def test_warps_taking_targets_together_give_the_same_bits(kernel, kernel_of_4_warps, gaps):
+    """Four warps of a block run together and take the launch's targets from its counter as their tiles
+    need them (2 to 4 of them, the fourth past the launch's warps where 3): targets from one residue to
+    past a tile, longest first and shuffled, among empty ones, with a strong alignment in some, give the
+    bits of the one-warp launch, which the model checks; a low upper exponent rescales them often."""
+    rng = random.Random(75)
+    query = random_protein(rng, 45)
+    columns = SoftSearch.COLUMNS[gaps["gap"] is None]
+    sequences = [random_protein(rng, rng.choice([1, columns, columns + 1, 5 * columns, 40 * columns + 7]))
+                 for _ in range(20)] + ["", "", query, random_protein(rng, 9) + query + random_protein(rng, 900)]
+    plan = SoftSearch.plan(BLOSUM62.tensor(), 1.0, **gaps)
+    q = query_codes(query)
+    for settings in (plan, dict(plan, upper=30, middle=20, floor=126)):
+        for order in (sorted(sequences, key=len, reverse=True), rng.sample(sequences, len(sequences))):
+            targets, lengths = codes_of(order)
+            expected, model_flags = soft_search_model(q, targets, lengths, settings)
+            alone, flagged = kernel.scores(q, targets, lengths, settings)
+            assert flagged == int(model_flags.sum())
+            np.testing.assert_allclose(alone[~model_flags], expected[~model_flags], rtol=1e-6, atol=1e-7)
+            for warps in (2, 3, 4):
+                together, flagged_together = kernel_of_4_warps.scores(q, targets, lengths, settings, warps)
+                assert flagged_together == flagged
+                np.testing.assert_array_equal(together.view(np.int32), alone.view(np.int32), err_msg=f"{warps}")
 
 
 @GAPS

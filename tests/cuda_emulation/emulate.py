@@ -71,15 +71,22 @@ def rewrite_launches(source: str) -> str:
     return "".join(out) + source[pos:]
 
 
-def build(folder: Path, kernel: str = "long_pairs.cu", driver: str = "driver.cpp") -> Path:
+def build(folder: Path, kernel: str = "long_pairs.cu", driver: str = "driver.cpp",
+          changes: dict[str, str] | None = None) -> Path:
     """The emulated kernel file (kernels/cuda/<kernel>) with its C entry points (<driver> beside this file) as a
-    shared library in folder."""
+    shared library in folder. changes: text of the kernel file to replace (each must occur in it), such as
+    a constant that sets its warps a block (the emulation runs a block's warps together, its blocks one
+    after another)."""
     copy = folder / "src"
     copy.mkdir(parents=True, exist_ok=True)
     for path in KERNELS.iterdir():
         if path.suffix not in (".h", ".cuh", ".cu"):
             continue
         text = path.read_text()
+        if path.name == kernel:
+            for old, new in (changes or {}).items():
+                assert old in text, f"{old!r} is not in {kernel}"
+                text = text.replace(old, new)
         for old, new in PTX.items():
             text = text.replace(old, new)
         if path.suffix == ".cu":
@@ -200,16 +207,18 @@ class EmulatedSearchSoft:
         lib.emu_search_soft_scratch_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         self.lib = lib
 
-    def scores(self, query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, plan: dict) -> tuple[np.ndarray, int]:
+    def scores(self, query: np.ndarray, targets: np.ndarray, lengths: np.ndarray, plan: dict,
+               warps: int = 3) -> tuple[np.ndarray, int]:
         """(scores (B,) float32, flagged) of uint8 query (M,) against uint8 targets (B, N) with lengths (B,),
-        with search.SoftSearch.plan's settings (its powers included). The launch has 3 warps (the first, run
-        alone, takes every target)."""
+        with search.SoftSearch.plan's settings (its powers included), by a launch of `warps` warps (at most
+        B). The emulation runs a launch's blocks one after another: with one warp a block, the first takes
+        every target."""
         query = np.ascontiguousarray(query, dtype=np.uint8)
         targets = np.ascontiguousarray(targets, dtype=np.uint8)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         powers = np.ascontiguousarray(plan["powers"], dtype=np.float32)
         (B, N), M, K = targets.shape, len(query), powers.shape[0]
-        warps = max(min(3, B), 1)
+        warps = max(min(warps, B), 1)
         scores = np.full(B, np.nan, np.float32)  # a pair left unwritten shows
         flagged = np.zeros(1, np.int32)
         scratch_bytes = self.lib.emu_search_soft_scratch_bytes(B, M, warps, int(plan["affine"]))
