@@ -432,6 +432,12 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
       // The input as sent (raw: x_in in the scale sig_in), where the lane converts it: in the ramps; else
       // (sent) as converted by its sender (lv0, xt0).
       const bool sent = !decltype(ramp)::value;
+      // The profile's P of a segment's columns, loaded a segment ahead (p_next: during the segment before),
+      // so that a segment's first cells do not wait on its loads: the branch on its input keeps the
+      // compiler from moving them above it.
+      float p[kSegment], p_next[kSegment];
+#pragma unroll
+      for (int r = 0; r < kSegment; ++r) p[r] = load_shared(at[r] + offset);
       float x_in, xt_in = 0.0f, lv0, xt0 = 0.0f;
       int sig_in;
       // The raw input: the left lane's last column, or row k of the left edge (lane 0's, where it goes on
@@ -511,16 +517,19 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
           }
           if constexpr (!decltype(ramp)::value) refresh();  // a scale may have changed (the whole warp)
         }
+#pragma unroll
+        for (int r = 0; r < kSegment; ++r)
+          if (s + 1 < S) p_next[r] = load_shared(at[(s + 1) * kSegment + r] + offset);
         [[maybe_unused]] float left = lv;  // the linear sweep's left neighbour (affine carries xt)
         const float o = one[s];
         // The diagonal term of each cell is taken before the cell to its left overwrites up[] in place:
         // the old value is then dead once its cell is written, so no register moves between steps.
-        float dp = fmaf(diag[s], load_shared(at[s * kSegment] + offset), o);
+        float dp = fmaf(diag[s], p[0], o);
 #pragma unroll
         for (int r = 0; r < kSegment; ++r) {
           const int q = s * kSegment + r;
           const float u = up[q];
-          const float dp_next = r + 1 < kSegment ? fmaf(u, load_shared(at[q + 1] + offset), o) : 0.0f;
+          const float dp_next = r + 1 < kSegment ? fmaf(u, p[r + 1], o) : 0.0f;
           float x;
           if constexpr (AFFINE) {
             // X~' from Z, not from H: the chain along the row is then one multiply-add a cell, not three.
@@ -541,6 +550,8 @@ __device__ __forceinline__ void soft_sweep(const SearchSoftCall& call, const Sof
         rescaling |= best[s] > upper || up[s * kSegment] < low[s];
         diag[s] = lv;
         x_last = up[s * kSegment + kSegment - 1], xt_last = xt, sig_last = sig[s];
+#pragma unroll
+        for (int r = 0; r < kSegment; ++r) p[r] = p_next[r];
       }
       x_send = x_last, xt_send = xt_last, sig_send = sig_last;
       if constexpr (!decltype(ramp)::value) {  // (a ramp's steps: the refresh before the loop)
