@@ -71,9 +71,8 @@ def padded_cells(searcher, query_lengths) -> tuple[int, int]:
         columns = SoftSearch.COLUMNS[kernel.settings["affine"]]
         return int(-(-lengths // columns).sum()) * columns * sum(query_lengths), cells
     shapes, per_group, step, fewest = ExactSearch.SHAPES[kernel.affine], 2, 2, 16
-    padded = sum(swept_columns(lengths, start + first, start + last, shapes, per_group, step, fewest)
-                 for (start, stop), launches in zip(searcher.bounds, searcher.launches)
-                 for first, last, _ in launches or ((0, stop - start, 0),))
+    padded = sum(swept_columns(lengths, start, stop, shapes, per_group, step, fewest)
+                 for start, stop in searcher.bounds)
     return padded * sum(query_lengths), cells
 
 

@@ -249,26 +249,16 @@ def make_block(database: Database, start: int, stop: int, device, flat: torch.Te
 
 
 class SearchKernel:
-    """What the two search kernels share: a block is scored in one launch or in several (launches), each
-    a run of its rows (score_rows), whose scores are then joined."""
+    """What the two search kernels share: a block is scored in one launch (scores), and the search's
+    blocks may end at the kernel's tile classes (classes)."""
 
-    def units(self, block: "Block",
-              launches: tuple[tuple[int, int, int], ...] | None) -> tuple[tuple[int, int, int], ...]:
-        """(start, stop, width) of each launch that scores the block: launches, or the whole block in one
-        (width 0: the operator takes the block's)."""
-        return launches or ((0, block.codes.shape[0], 0),)
+    def classes(self, device) -> "TileClasses | None":
+        """The tile classes the blocks end at (block_bounds); None: blocks by cells alone."""
+        return None
 
-    def scores(self, query: torch.Tensor, block: "Block",
-               launches: tuple[tuple[int, int, int], ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
         """(scores (n,), -1 where the kernel's checks did not hold; their count (1,)), queued."""
-        return join_parts([self.score_rows(query, block, *unit) for unit in self.units(block, launches)])
-
-
-def join_parts(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A block's scores and count of flagged pairs from its launches' (in row order)."""
-    if len(parts) == 1:
-        return parts[0]
-    return torch.cat([scores for scores, _ in parts]), sum(count for _, count in parts)  # (1,) int32, as one
+        raise NotImplementedError
 
 
 class ExactSearch(SearchKernel):
@@ -312,16 +302,11 @@ class ExactSearch(SearchKernel):
     def classes(self, device) -> TileClasses:
         return TileClasses(self.SHAPES[self.affine], 2, 512, _sms(device), self.FILL_WAVES)
 
-    def launches(self, lengths: np.ndarray, device) -> None:
-        """One launch a block: its blocks already end at its tile classes (classes)."""
-        return None
-
-    def score_rows(self, query: torch.Tensor, block: "Block", start: int, stop: int,
-                   width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows [start, stop) of a block: (scores int32, -1 where 16 bits could not hold a pair; their count
-        (1,)), queued. (`width` is unused: the kernel takes its lanes from the codes' width.)"""
-        return torch.ops.swcli.search_scores_s16(query, block.codes[start:stop], block.lengths[start:stop],
-                                                 self.table, self.gap_open, self.gap_extend, self.limit)
+    def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
+        """A block's (scores int32, -1 where 16 bits could not hold a pair; their count (1,)), queued, in one
+        launch: the kernel takes its lanes from the codes' width, and the blocks end at its tile classes."""
+        return torch.ops.swcli.search_scores_s16(query, block.codes, block.lengths, self.table, self.gap_open,
+                                                 self.gap_extend, self.limit)
 
 
 class SoftSearch(SearchKernel):
@@ -425,23 +410,14 @@ class SoftSearch(SearchKernel):
         """The longest query it takes with its gaps (MAX_QUERY); None: every query."""
         return self.MAX_QUERY[self.settings["affine"]]
 
-    def classes(self, device) -> None:
-        """Blocks by cells alone: the kernel's warps share a block's targets whatever their lengths."""
-        return None
-
-    def launches(self, lengths: np.ndarray, device) -> None:
-        """One launch a block, whose warps (as many as the GPU holds) take turns down its targets. (Fewer
-        warps, each filling its last tile, were slower: an SM's warps wait on latencies more than on issue.)"""
-        return None
-
-    def score_rows(self, query: torch.Tensor, block: "Block", start: int, stop: int,
-                   width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows [start, stop) of a block: (scores float32, -1 where the kernel's checks did not hold; their
-        count (1,)), queued. (`width` is the exact kernel's: this one's warps, as many as the GPU holds, share
-        the rows whatever their lengths.) A pair's score has the same bits whatever the launch (the
-        kernel's header)."""
+    def scores(self, query: torch.Tensor, block: "Block") -> tuple[torch.Tensor, torch.Tensor]:
+        """A block's (scores float32, -1 where the kernel's checks did not hold; their count (1,)), queued, in
+        one launch whose warps (as many as the GPU holds) take the block's targets whatever their lengths
+        (blocks by cells alone; fewer warps, each filling its last tile, were slower: an SM's warps wait on
+        latencies more than on issue). A pair's score has the same bits whatever the launch (the kernel's
+        header)."""
         s = self.settings
-        return torch.ops.swcli.search_scores_soft(query, block.codes[start:stop], block.lengths[start:stop],
+        return torch.ops.swcli.search_scores_soft(query, block.codes, block.lengths,
                                                   self.powers, 0, s["affine"], s["gap_factor"],
                                                   s["extend_factor"], s["temperature"], s["upper"], s["middle"],
                                                   s["floor"], s["bound"])
@@ -536,9 +512,6 @@ class Searcher:
             first, last = rows
             kept = [(start, stop) for start, stop in self.bounds if start < last and stop > first]
             self.bounds, self.owned = kept, [(max(start, first), min(stop, last)) for start, stop in kept]
-        # each block's launches of the search kernel (the same in every shard, so the same bits)
-        self.launches = [self.kernel.launches(self.lengths[start:stop], self.device) if self.kernel else None
-                         for start, stop in self.bounds]
         self.ranking = None
         if rank is not None:
             from swcli.statistics import EvalueRanking
@@ -615,13 +588,10 @@ class Searcher:
             # kept in pending.flagged until the query is finished anyway)
             blocks = list(self.blocks())
             timing = self.timing()
-            scored = [(block, [self.streams.run(lambda unit=unit: kernel.score_rows(query, block, *unit))
-                               for unit in kernel.units(block, launches)])
-                      for block, launches in zip(blocks, self.launches)]
+            scored = [(block, self.streams.run(lambda block=block: kernel.scores(query, block))) for block in blocks]
             self.streams.join()
             timing(pending)
-            for index, (block, parts) in enumerate(scored):
-                found, flagged = join_parts(parts)
+            for index, (block, (found, flagged)) in enumerate(scored):
                 pending.flagged.append((block, found, flagged))
                 candidates.append(self.candidates(pending, index, block, found.float()))
         self.choose(pending, candidates)

@@ -191,8 +191,7 @@ class TestCudaSearchSoft:
             searcher = Searcher(db, BLOSUM62.tensor(), gaps["gap"], 1.0, 10, "cuda", self.device,
                                 max_cells=max_cells, gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
             assert len(searcher.bounds) == blocks and searcher.soft is not None
-            parts = [searcher.soft.scores(query, block, launch)
-                     for block, launch in zip(searcher.blocks(), searcher.launches)]
+            parts = [searcher.soft.scores(query, block) for block in searcher.blocks()]
             assert all(int(flagged.item()) == 0 for _, flagged in parts)
             results.append(torch.cat([scores for scores, _ in parts]))
         assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])

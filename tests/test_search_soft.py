@@ -215,8 +215,7 @@ class FlaggingKernel(SearchKernel):
     def __init__(self, searcher: Searcher, flag):
         self.searcher, self.flag = searcher, flag
 
-    def score_rows(self, query, block, start, stop, width=0):
-        assert (start, stop, width) == (0, block.codes.shape[0], 0)  # no kernel planned launches: the whole block
+    def scores(self, query, block):
         s = self.searcher
         scores = score_checked_codes(query.expand(block.codes.shape[0], -1), block.codes, s.matrix, s.gap,
                                      s.temperature, None, block.lengths, s.backend)
