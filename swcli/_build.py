@@ -33,6 +33,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,15 @@ def _toolchain_identity(cuda: bool) -> str | None:
     return identity
 
 
+def _scripts_folder_on_path() -> None:
+    """pip installs ninja into this interpreter's scripts folder, which need not be on PATH (`python3 -m
+    swcli`, a virtual environment not activated), while torch's build runs `ninja` from PATH: so that
+    folder goes at PATH's end where ninja is found there and nowhere on PATH."""
+    scripts = sysconfig.get_path("scripts")
+    if shutil.which("ninja") is None and scripts and shutil.which("ninja", path=scripts):
+        os.environ["PATH"] = os.pathsep.join(filter(None, [os.environ.get("PATH"), scripts]))
+
+
 def _check_toolchain(cuda: bool = False) -> None:
     compiler, resolved = _compiler()
     if resolved is None:
@@ -135,6 +145,7 @@ def _check_toolchain(cuda: bool = False) -> None:
         )
     from torch.utils.cpp_extension import is_ninja_available
 
+    _scripts_folder_on_path()
     if not is_ninja_available():
         raise BuildError("ninja is not available: install it with 'pip install ninja'")
     if cuda:

@@ -54,6 +54,31 @@ def test_missing_ninja_is_named(monkeypatch):
         _build._check_toolchain()
 
 
+def test_ninja_in_the_scripts_folder_is_found_off_path(monkeypatch, tmp_path):
+    # python3 -m swcli from an interpreter whose scripts folder (pip's ninja) is not on PATH
+    scripts = tmp_path / "bin"
+    scripts.mkdir()
+    ninja = scripts / "ninja"
+    ninja.write_text("#!/bin/sh\necho 1.11.1\n")
+    ninja.chmod(0o755)
+    monkeypatch.setenv("CXX", shutil.which("c++"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(_build.sysconfig, "get_path", lambda name: str(scripts))
+    assert _build._check_toolchain() is None
+    assert os.environ["PATH"].split(os.pathsep) == [str(tmp_path / "empty"), str(scripts)]
+
+
+def test_ninja_on_path_leaves_path_alone(monkeypatch, tmp_path):
+    for folder in ("on_path", "scripts"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "ninja").write_text("#!/bin/sh\necho 1.11.1\n")
+        (tmp_path / folder / "ninja").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "on_path"))
+    monkeypatch.setattr(_build.sysconfig, "get_path", lambda name: str(tmp_path / "scripts"))
+    _build._scripts_folder_on_path()
+    assert os.environ["PATH"] == str(tmp_path / "on_path")
+
+
 def test_toolchain_present_here(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     assert _build._check_toolchain() is None
