@@ -4,11 +4,11 @@ The public API is imported lazily, so that `swcli --help` starts without importi
 """
 
 __version__ = "0.1.0"
-__all__ = ["soft_smith_waterman", "soft_smith_waterman_codes", "SoftSmithWaterman", "__version__"]
+__all__ = ["soft_smith_waterman", "soft_smith_waterman_codes", "SoftSmithWaterman", "load_engine", "__version__"]
 
 
 def __getattr__(name):
-    if name in ("soft_smith_waterman", "soft_smith_waterman_codes", "SoftSmithWaterman"):
+    if name in ("soft_smith_waterman", "soft_smith_waterman_codes", "SoftSmithWaterman", "load_engine"):
         from swcli import ops
 
         value = getattr(ops, name)

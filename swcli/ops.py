@@ -187,7 +187,9 @@ _cuda_ready = False  # the seed's fast path below reads this one flag instead of
 
 def load_engine(device) -> None:
     """Build (or load from the cache) the engine that serves tensors on `device` ('cpu', 'cuda' or a
-    torch.device), so its kernels are registered with the operators. Cheap once loaded."""
+    torch.device), so its kernels are registered with the operators. Cheap once loaded. The op's functions
+    call it themselves; a program that calls the operators without them (one saved by torch.export or
+    torch.jit and loaded in a new process, a scripted module) needs it first."""
     global _cuda_ready
     kind = torch.device(device).type
     if kind in _loaded:
@@ -1094,7 +1096,10 @@ def _unwrapped(x: torch.Tensor) -> torch.Tensor:
 def _length_range(name: str, values: torch.Tensor, limit: int, dim: str):
     """The check that lengths lie in [0, limit] (for _check_ranges)."""
     # A symbolic size (torch.export's dynamic shapes) prints as its symbol: the rule names the dimension then.
-    rule = (f"{name} must lie in [0, {limit}] ({dim} of the score matrix)" if type(limit) is int
+    # While torch.compile traces, a size may read as an int, and formatting it would make it a constant of
+    # the graph (a compilation for each size): the rule names the dimension there too.
+    rule = (f"{name} must lie in [0, {limit}] ({dim} of the score matrix)"
+            if type(limit) is int and not torch.compiler.is_compiling()
             else f"{name} must lie in [0, {dim}] ({dim}: the score matrix's size)")
     return values, 0, limit, lambda low, high: rule if low is None else f"{rule}, got min {low}, max {high}"
 
@@ -1240,6 +1245,22 @@ def _in_functorch() -> bool:
     return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None
 
 
+NO_TRANSFORM_IN_GRAPH = (
+    "swcli: torch.compile cannot differentiate the compiled engines inside a torch.func transform (grad, "
+    "vjp, jacrev, vmap): the transform's tensors read requires_grad False there, so no gradient would reach "
+    "them; use the transform without torch.compile, run it under torch.no_grad() where no gradient is "
+    "wanted, or use backend='reference'")
+
+
+def _refuse_transform_in_graph() -> None:
+    """torch.compile inlines torch.func transforms, and inside them a tensor the transform (or autograd
+    outside a vmap) differentiates reads requires_grad False: the inference operators would then be
+    recorded, and the gradient silently be zero. So a differentiable call there is an error."""
+    if (torch.compiler.is_compiling() and torch.is_grad_enabled()
+            and torch._C._functorch.maybe_current_level() is not None):
+        raise RuntimeError(NO_TRANSFORM_IN_GRAPH)
+
+
 NO_FUNCTIONALIZE = (
     "swcli: the compiled engines' gradient does not run under torch.func.functionalize (PyTorch has no "
     "functionalize rule for autograd Functions); use backend='reference' there")
@@ -1312,7 +1333,7 @@ def soft_smith_waterman(
             and type(score_matrix) is torch.Tensor and score_matrix.is_cuda and score_matrix.dtype is torch.float32
             and score_matrix.dim() == 3 and not score_matrix.requires_grad and temperature >= 0
             and -math.inf < gap < math.inf and temperature < math.inf and not return_posterior
-            and not torch.jit.is_tracing() and forward_ad._current_level < 0):
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling() and forward_ad._current_level < 0):
         # Inference on full float32 pairs on the GPU with a linear gap, every argument checked as below but
         # in fewer steps: at small sizes (the seed's) the host's time per call sets the rate.
         return _scores(score_matrix, None, None, gap, temperature)
@@ -1331,6 +1352,7 @@ def soft_smith_waterman(
 
     if backend != "reference":
         _refuse_forward_mode(score_matrix, gap, gap_open, gap_extend, temperature)
+        _refuse_transform_in_graph()
     S = score_matrix
     if dtype is torch.float16 or dtype is torch.bfloat16:
         S = S.float()
@@ -1746,7 +1768,8 @@ def _not_scriptable(what: str) -> RuntimeError:
     return RuntimeError(
         f"{what} cannot be compiled by torch.jit.script: it is Python that checks its arguments and picks an "
         "engine. Use torch.compile or torch.export, or torch.jit.trace; a scripted module may call the "
-        "operators torch.ops.swcli.* directly (swcli/ops.py lists their schemas)")
+        "operators torch.ops.swcli.* directly (swcli/ops.py lists their schemas), once swcli.load_engine('cpu' "
+        "or 'cuda') has registered their kernels in the process")
 
 
 def _refuse_script():

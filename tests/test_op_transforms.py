@@ -300,8 +300,8 @@ def test_export_with_dynamic_shapes_checks_lengths_by_the_dimension():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_compile_fullgraph_takes_changed_gaps_and_temperature(kind):
-    """A number that changes between calls becomes symbolic in the compiled graph (and a module's
-    temperature set between calls too): the argument checks still trace."""
+    """A number that changes between calls compiles the graph again (a module's temperature set between
+    calls too), with the new value's scores."""
     torch._dynamo.reset()
     S, qlen, tlen = batch(230)
     compiled = torch.compile(lambda S, g, t: ssw(S, temperature=t, **gaps_of(kind, g)), fullgraph=True)
@@ -315,6 +315,111 @@ def test_compile_fullgraph_takes_changed_gaps_and_temperature(kind):
     module.temperature = 2.0
     torch.testing.assert_close(compiled_module(S), ssw(S, temperature=2.0, **gaps_of(kind, -1.5)), rtol=0,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_compile_takes_tensor_gaps_and_temperatures_in_one_graph(kind):
+    """0-d tensors that change between calls: one compilation for all of them, each call its own scores."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    S, qlen, tlen = batch(232)
+    counter = CompileCounter()
+    compiled = torch.compile(lambda S, g, t: ssw(S, temperature=t, **gaps_of(kind, g)), fullgraph=True,
+                             backend=counter)
+    for k in range(10):
+        g, t = -1.0 - 0.25 * k, 0.9 ** k
+        got = compiled(S, torch.tensor(g, dtype=S.dtype), torch.tensor(t, dtype=S.dtype))
+        torch.testing.assert_close(got, ssw(S, temperature=t, **gaps_of(kind, g)), rtol=0, atol=1e-12)
+    assert counter.frame_count == 1
+
+
+def test_compile_with_lengths_keeps_the_sizes_symbolic():
+    """Lengths checked against M and N under dynamic=True: one graph for every size, and lengths past a
+    size still refused."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(lambda S, q: ssw(S, -1.0, 0.8, q, None, backend="cpu"), dynamic=True, backend=counter)
+    for M in (5, 7, 9, 12):
+        S = random_scores((3, M, 6), seed=233 + M, dtype=torch.float64)
+        q = torch.tensor([M, 1, M - 2])
+        torch.testing.assert_close(compiled(S, q), ssw(S, -1.0, 0.8, q, None, backend="cpu"), rtol=0, atol=1e-12)
+    assert counter.frame_count == 1
+    with pytest.raises(Exception, match=r"query_lengths must lie in \[0, M\]"):
+        compiled(random_scores((3, 8, 6), seed=250, dtype=torch.float64), torch.tensor([9, 1, 1]))
+
+
+def _transforms_in_graphs(kind):
+    """torch.func gradients and torch.compile together, each as (name, run, expected)."""
+    S = random_scores((2, 5, 4), seed=236, dtype=torch.float64)
+    f = lambda S: torch.func.grad(lambda s: ssw(s, temperature=0.6, **gaps_of(kind)).sum())(S)  # noqa: E731
+    S4 = random_scores((2, 2, 5, 4), seed=237, dtype=torch.float64)
+    vmapped = lambda S: torch.func.vmap(lambda s: ssw(s, temperature=0.6, **gaps_of(kind)))(S).sum()  # noqa: E731
+
+    def vmap_backward(compile_it):
+        leaf = S4.clone().requires_grad_()
+        (compile_it(vmapped) if compile_it else vmapped)(leaf).backward()
+        return leaf.grad
+
+    runs = [(f"compile(grad) {backend} fullgraph={full}",
+             lambda b=backend, full=full: torch.compile(f, backend=b, fullgraph=full)(S), f(S))
+            for backend in ("eager", "aot_eager") for full in (False, True)]
+    runs.append(("grad(compile)", lambda: torch.func.grad(torch.compile(
+        lambda s: ssw(s, temperature=0.6, **gaps_of(kind)).sum(), backend="eager"))(S), f(S)))
+    runs += [(f"compile(vmap) then backward, fullgraph={full}",
+              lambda full=full: vmap_backward(lambda g: torch.compile(g, backend="eager", fullgraph=full)),
+              vmap_backward(None)) for full in (False, True)]
+    return runs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_func_gradients_inside_compile_are_right_or_an_error(kind):
+    """Inside a compiled graph a transform's tensors read requires_grad False: the call must not record the
+    operators without gradient (a silent zero), so each combination gives eager's gradient or raises."""
+    torch._dynamo.reset()
+    outcomes = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, run, expected in _transforms_in_graphs(kind):
+            try:
+                got = run()
+            except Exception as exc:  # noqa: BLE001 (torch's own errors count too: what matters is no number)
+                outcomes[name] = type(exc).__name__
+                continue
+            assert got is not None, name
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-10, msg=name)
+            outcomes[name] = "same"
+    assert len(outcomes) == 7, outcomes
+
+
+def test_func_transform_inside_compile_scores_without_gradient():
+    S = random_scores((3, 2, 6, 5), seed=239, dtype=torch.float64)
+    with torch.no_grad():
+        got = torch.compile(lambda S: torch.func.vmap(lambda s: ssw(s, -1.0, 0.6))(S), backend="eager",
+                            fullgraph=True)(S)
+    torch.testing.assert_close(got, torch.stack([ssw(s, -1.0, 0.6) for s in S]), rtol=0, atol=1e-12)
+
+
+def test_a_saved_program_runs_in_a_new_process_after_load_engine(tmp_path):
+    class Scores(torch.nn.Module):
+        def forward(self, S):
+            return ssw(S, -1.0, 0.7, backend="cpu")
+
+    S = random_scores((3, 6, 5), seed=240, dtype=torch.float64)
+    torch.export.save(torch.export.export(Scores(), (S,)), tmp_path / "scores.pt2")
+    torch.save(S, tmp_path / "S.pt")
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, torch, swcli\n"
+        "swcli.load_engine('cpu')\n"
+        "program = torch.export.load(sys.argv[1] + '/scores.pt2').module()\n"
+        "torch.save(program(torch.load(sys.argv[1] + '/S.pt')), sys.argv[1] + '/out.pt')\n")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(Path(swcli.__file__).parent.parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), Scores()(S), rtol=0, atol=0)
 
 
 def test_meta_tensors_with_tensor_parameters_and_gradients():
