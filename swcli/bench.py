@@ -399,7 +399,7 @@ def machine() -> str:
 def run_benchmarks(backend: str, fasta: str | None, pairs: int, repeats: int, as_json: bool) -> None:
     if backend == "reference":
         raise SwcliError("bench times an engine against the reference loop: choose --backend cpu or auto")
-    records = list(read_fasta(fasta or str(packaged_file("data", "example.fasta"))))
+    records = list(read_fasta(fasta if fasta is not None else str(packaged_file("data", "example.fasta"))))
     if backend == "cuda":
         calls = max(repeats, 200)  # CUDA events are cheap: the median of many calls
         rows = (cuda_seed_rows(calls) + cuda_dense_rows(calls)

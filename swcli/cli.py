@@ -80,6 +80,19 @@ def _run(argv: list[str]) -> int:
                 _distributed().before_saying()
             print(f"swcli: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
+    except BrokenPipeError:  # the help or the version into `| head -c0`: as the commands' output does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as exc:
+        if exc.filename is not None:  # a file's error no command turned into its own line: unexpected
+            raise
+        # what is left writes stdout: the help, the version (the commands' rows say so themselves)
+        print(f"swcli: error: stdout: cannot write output ({exc.strerror or exc})", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print("swcli: error: out of memory (a smaller --chunk-size, or a record too long for this machine)",
+              file=sys.stderr)
+        return 1
 
 
 def _left_broken() -> bool:
@@ -97,6 +110,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     previous handlers are put back and the code is returned.
     """
     process = argv is None
+    if sys.stderr is None:  # started with stderr closed (2>&-): its messages go nowhere, as asked
+        sys.stderr = open(os.devnull, "w")
     previous = interrupt.install()
     try:
         code = _run(sys.argv[1:] if process else list(argv))

@@ -19,7 +19,7 @@ import typer
 
 from swcli import __version__, interrupt
 from swcli.errors import SwcliError
-from swcli.output import refuse_output_over_inputs
+from swcli.output import check_output_path, refuse_output_over_inputs
 
 app = typer.Typer(
     name="swcli",
@@ -157,16 +157,19 @@ def _check_stdin_once(queries: str, targets: Optional[str], all_vs_all: bool) ->
         raise SwcliError("stdin ('-') can be read only once: give at most one of QUERIES and TARGETS as -")
 
 
-def _pairs(queries: str, targets: Optional[str], all_vs_all: bool):
-    """The pairs as records, one by one (verify samples them)."""
+def _pairs(queries: str, targets: Optional[str], all_vs_all: bool, matrix):
+    """The pairs as records, one by one (verify samples them), every record's letters checked against the
+    matrix as align checks them, sampled or not: a file align refuses is refused here too."""
     from swcli import fasta
 
-    _check_stdin_once(queries, targets, all_vs_all)
-    if all_vs_all:
-        return fasta.all_against_all(queries, targets or queries)
-    if targets is None:
-        return fasta.pairs_in_one_file(queries)
-    return fasta.pairs_in_two_files(queries, targets)
+    checked = []  # the Records already checked (all-vs-all repeats its blocks from chunk to chunk)
+    for chunk in _pair_chunks(queries, targets, all_vs_all, fasta.RECORD_PAIRS_CHUNK):
+        for records in (chunk.queries, chunk.targets):
+            if not any(records is seen for seen in checked):
+                matrix.encode_records(records)
+                checked = [*checked[-1:], records]
+        for k in range(len(chunk)):
+            yield chunk.pair(k)
 
 
 def _pair_chunks(queries: str, targets: Optional[str], all_vs_all: bool, size: int):
@@ -388,6 +391,8 @@ def align(
     group = distributed.start((queries, targets), distributed_.value, quiet)  # None unless started by torchrun
     quiet = quiet or not distributed.is_leader(group)
     with distributed.phase(group):
+        if distributed.is_leader(group):  # (the rank that writes -o)
+            check_output_path(output)
         settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend,
                              chunk_size=chunk_size)
         _host.load()
@@ -438,10 +443,14 @@ def _reader_left():
 @contextmanager
 def _stdout_reader_may_leave():
     """_reader_left where what is inside writes to stdout."""
+    if sys.stdout is None:
+        raise SwcliError("standard output is closed: nowhere to write the report")
     try:
         yield
     except BrokenPipeError:
         _reader_left()
+    except OSError as exc:
+        raise SwcliError(f"stdout: cannot write output ({exc.strerror or exc})") from None
 
 
 def _check_tolerance(value: float) -> float:
@@ -475,9 +484,11 @@ def verify(
     """Check the backend against the reference loop (float64) on a sample of the pairs; exit 1 if off."""
     from swcli.verify import verify_pairs
 
+    if sys.stdout is None:  # before the work: its report would go nowhere
+        raise SwcliError("standard output is closed: nowhere to write the report")
     settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
-    report = verify_pairs(_pairs(queries, targets, all_vs_all), settings, sample, seed, max_cells,
-                          lambda total: _progress_bar(quiet, "step", total))
+    pairs = _pairs(queries, targets, all_vs_all, settings.matrix)
+    report = verify_pairs(pairs, settings, sample, seed, max_cells, lambda total: _progress_bar(quiet, "step", total))
     with _stdout_reader_may_leave():
         typer.echo(report.describe(tolerance))
     if report.worst_relative > tolerance:
@@ -538,6 +549,8 @@ def search(
     group = distributed.start((queries, database), distributed_.value, quiet)  # None unless started by torchrun
     quiet = quiet or not distributed.is_leader(group)
     with distributed.phase(group):
+        if distributed.is_leader(group):  # (the rank that writes -o)
+            check_output_path(output)
         settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
         _host.load()
         # read now where lambda and K are needed: a bad query is said at once, not after their estimate

@@ -160,7 +160,11 @@ def display_name(path: str) -> str:
 def open_binary(path: str):
     """A buffered binary handle on a file or stdin, with clear errors for missing files and folders."""
     if path == STDIN:
+        if sys.stdin is None:
+            raise FastaError("<stdin>: standard input is closed; give a file")
         return sys.stdin.buffer
+    if path == "":
+        raise FastaError("an empty path was given for a FASTA file")
     try:
         return open(path, "rb")
     except FileNotFoundError:
@@ -247,11 +251,14 @@ def _skip_blank_lines(buffer: bytearray, end: int, name: str, line_number: int,
     skipped = 0
     while skipped < end and buffer[skipped] != ord(">"):
         newline = buffer.find(b"\n", skipped, end)
-        if newline < 0 and not final:
-            return False, line_number, skipped  # the line goes on in the next read
+        unfinished = newline < 0 and not final
+        if unfinished and not bytes(buffer[skipped:end]).strip():
+            return False, line_number, skipped  # a blank line that goes on in the next read
+        # (a line that is not blank is an error before its end: a file with no newline is not read whole)
         stop = end if newline < 0 else newline
         line_number += 1
-        text = _decode(bytes(buffer[skipped:stop]), name, f"line {line_number}")
+        data = bytes(buffer[skipped:stop])
+        text = data[:120].decode("utf-8", "replace") if unfinished else _decode(data, name, f"line {line_number}")
         if text.strip():
             hint = " (this looks like FASTQ)" if text.startswith("@") else ""
             raise FastaError(f"{name}: line {line_number}: expected a FASTA header starting with '>' at the "

@@ -59,8 +59,9 @@ def format_score(value: float) -> str:
 def overflow_error(query: str, target: str, score: float) -> SwcliError:
     """A score past float32's range: only a temperature or substitution scores near that range make one
     (every option is checked to lie within it), and a row of inf would say nothing true."""
-    return SwcliError(f"query {query}, target {target}: the score is {score}, past float32's range; use a "
-                      "smaller temperature or smaller substitution scores")
+    what = "not a number (NaN)" if math.isnan(score) else f"{score}, past float32's range"
+    return SwcliError(f"query {query}, target {target}: the score is {what}; use a smaller temperature or "
+                      "smaller substitution scores")
 
 
 def finite_scores(chunk, scores):
@@ -197,6 +198,40 @@ def _error(path, why: str) -> SwcliError:
     return SwcliError(f"{path}: cannot write output ({why})")
 
 
+def check_output_path(path: str | None) -> None:
+    """The errors -o would meet when opened (an empty path, a folder, a missing folder, a read-only file),
+    said before any input is read: a run must not read a whole database to learn that."""
+    if path not in (None, "-") and own_descriptor(str(path)) is None:
+        _output_target(str(path))
+
+
+def _output_target(given: str) -> tuple[str, os.stat_result | None]:
+    """The file that -o `given` writes (a symlink resolved) and its stat (None: not there yet), or the
+    error that writing it would meet."""
+    if given == "":
+        raise SwcliError("-o is an empty path: give it a file name, or - for stdout")
+    if given.endswith(("/", os.sep)) and not os.path.isdir(given):
+        raise SwcliError(f"{given}: not a directory; give -o a file name")
+    name = Path(given)  # as the errors name it
+    target = os.path.realpath(given)  # a symlink is written through, to its final target
+    try:
+        info = os.stat(target)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:  # a symlink loop, a component that is not a folder, ...
+        raise _error(name, exc.strerror) from None
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        raise SwcliError(f"{name}: is a directory; give -o a file name")
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        return target, info
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise SwcliError(f"{name}: cannot write output, directory {folder} does not exist")
+    if info is not None and not os.access(target, os.W_OK):
+        raise _error(name, "the file is read-only for this user: make it writable or remove it first")
+    return target, info
+
+
 class TsvWriter:
     """Context manager writing TSV rows, `query target qlen tlen score` unless told other `columns` (the
     header's names); path None or '-' is stdout.
@@ -239,32 +274,16 @@ class TsvWriter:
                 raise _error(given, exc.strerror) from None
             self.mode, self._handle = "direct", os.fdopen(fd, "wb")
             return self
-        if self._given == "":
-            raise SwcliError("-o is an empty path: give it a file name, or - for stdout")
-        if self._given.endswith(("/", os.sep)) and not os.path.isdir(given):
-            raise SwcliError(f"{self._given}: not a directory; give -o a file name")
-        target = os.path.realpath(given)  # a symlink is written through, to its final target
-        try:
-            info = os.stat(target)
-        except FileNotFoundError:
-            info = None
-        except OSError as exc:  # a symlink loop, a component that is not a folder, ...
-            raise _error(given, exc.strerror) from None
+        target, info = _output_target(self._given)
         self._target = target
-        if info is not None and stat.S_ISDIR(info.st_mode):
-            raise SwcliError(f"{given}: is a directory; give -o a file name")
         if info is not None and not stat.S_ISREG(info.st_mode):
             self._open_direct(given, target)  # a device, a FIFO: as the shell's `>` writes them
             return self
         folder = os.path.dirname(target)
-        if not os.path.isdir(folder):
-            raise SwcliError(f"{given}: cannot write output, directory {folder} does not exist")
         if info is None:
             self._open_temporary(given, folder, os.path.basename(target), 0o666 & ~_umask())
             self.mode = "replace"
             return self
-        if not os.access(target, os.W_OK):
-            raise _error(given, "the file is read-only for this user: make it writable or remove it first")
         in_place = info.st_nlink > 1 or (os.geteuid() != 0 and info.st_uid != os.geteuid())
         if not in_place:
             try:

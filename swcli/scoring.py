@@ -34,12 +34,18 @@ def _bad_option(option: str, value: float, rule: str):
     return typer.BadParameter(f"{value} is not {rule}", param_hint=f"'{option}'")
 
 
+FLOAT32_SMALLEST_NORMAL = 1.1754943508222875e-38
+
+
 def check_temperature(value: float) -> float:
     """--temperature: a finite number >= 0. Raises typer.BadParameter (a usage error, exit 2); usable as
     the option's typer callback or called with the parsed value."""
     if not (_finite32(value) and value >= 0):
         raise _bad_option("--temperature", value,
                           "a finite number >= 0 within float32's range (0 is hard Smith-Waterman)")
+    if 0 < value < FLOAT32_SMALLEST_NORMAL:  # S / t would pass float32's range (the reference loop overflows)
+        raise _bad_option("--temperature", value,
+                          "0 or at least float32's smallest normal number, 1.2e-38 (0 is hard Smith-Waterman)")
     return value
 
 
@@ -197,6 +203,8 @@ class SubstitutionMatrix:
         wildcard = next((w for w in "XN*" if w in self.alphabet), None)  # the matrix's any-residue letter
         hint = ("" if self.unknown_as or wildcard is None
                 else f"; use --unknown-as {wildcard} to score unknown letters as {wildcard}")
+        if not sequence[position].isascii():  # --unknown-as maps letters, never other characters
+            hint = "; only ASCII letters are taken"
         raise AlphabetError(
             f"{where()}: invalid letter {sequence[position]!r} at position {position + 1} "
             f"(not in the {self.name} alphabet {self.alphabet}{hint})"

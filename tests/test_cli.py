@@ -641,3 +641,70 @@ def test_a_signal_in_a_protected_section_waits_for_its_end(tmp_path, monkeypatch
             interrupt._handler(15, None)
     finally:
         interrupt.unregister_temporary(str(temporary))
+
+
+def _closed(fd: int) -> str:
+    """A shell wrapper that runs the command with descriptor fd closed (Python's subprocess cannot)."""
+    return {0: "<&-", 1: ">&-", 2: "2>&-"}[fd]
+
+
+def _run_closed(args, fd: int, tmp_path):
+    quoted = " ".join(f"'{a}'" for a in args)
+    script = f"'{sys.executable}' -m swcli {quoted} {_closed(fd)}"
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    if fd != 1:
+        script += f" >{out}"
+    if fd != 2:
+        script += f" 2>{err}"
+    done = subprocess.run(["sh", "-c", script], env=subprocess_env(), timeout=300, cwd=tmp_path)
+    read = lambda path: path.read_text() if path.exists() else ""  # noqa: E731
+    return done.returncode, read(out), read(err)
+
+
+def test_closed_standard_streams(tmp_path):
+    path = write_fasta(tmp_path / "x.fa", [("a", "ACDEFG"), ("b", "ACDEF")])
+    # stderr closed: the run does its work, its messages go nowhere
+    code, out, _ = _run_closed(["align", path, "--backend", "cpu"], 2, tmp_path)
+    assert code == 0 and out.splitlines()[1].startswith("a\tb\t6\t5\t"), out
+    # stdin closed and read as '-': one line
+    code, out, err = _run_closed(["align", "-", "--backend", "cpu"], 0, tmp_path)
+    assert (code, out, err) == (1, "", "swcli: error: <stdin>: standard input is closed; give a file\n")
+    # stdout closed: verify says so before its work
+    code, _, err = _run_closed(["verify", path, "--backend", "cpu", "--sample", "1"], 1, tmp_path)
+    assert (code, err) == (1, "swcli: error: standard output is closed: nowhere to write the report\n")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("args", [["--version"], ["align", "--help"], ["verify", "{path}", "--backend", "cpu",
+                                                                        "--sample", "1", "--quiet"]],
+                         ids=["version", "help", "verify"])
+def test_a_full_stdout_is_one_line(tmp_path, args):
+    path = write_fasta(tmp_path / "x.fa", [("a", "ACDEFG"), ("b", "ACDEF")])
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "swcli", *(a.format(path=path) for a in args)],
+                              env=subprocess_env(), timeout=300, stdout=full, stderr=subprocess.PIPE, text=True)
+    assert (done.returncode, done.stderr) == (
+        1, "swcli: error: stdout: cannot write output (No space left on device)\n")
+
+
+def test_bench_refuses_an_empty_fasta_path(capsys):
+    code, out, err = run(["bench", "--backend", "cpu", "--fasta", "", "--pairs", "1", "--repeats", "1"], capsys)
+    assert (code, out, err) == (1, "", "swcli: error: an empty path was given for a FASTA file\n")
+
+
+def test_a_temperature_under_float32s_normal_range_is_a_usage_error(tmp_path, capsys):
+    path = write_fasta(tmp_path / "x.fa", [("a", "ACDEFG"), ("b", "ACDEF")])
+    for t in ("1e-38", "5e-324"):
+        code, out, err = run(["align", path, "-t", t, "--backend", "reference"], capsys)
+        assert code == 2 and out == "" and "at least float32's smallest normal number" in err, err
+    code, out, _ = run(["align", path, "-t", "2e-38", "--backend", "cpu", "--quiet"], capsys)
+    assert code == 0 and out.count("\n") == 2
+
+
+def test_a_bad_output_path_is_said_before_the_inputs_are_read(tmp_path, capsys):
+    bad = write_fasta(tmp_path / "bad.fa", [("a", "ACJD"), ("b", "ACD")])
+    target = str(tmp_path / "missing" / "out.tsv")
+    for args in (["align", bad], ["search", bad, bad]):
+        code, out, err = run([*args, "--backend", "cpu", "-o", target], capsys)
+        assert code == 1 and out == "" and err == (
+            f"swcli: error: {target}: cannot write output, directory {tmp_path / 'missing'} does not exist\n"), err

@@ -283,3 +283,30 @@ def test_pair_chunks_cut_anywhere_keep_the_pairs(tmp_path):
         lengths = [(int(a), int(b)) for c in chunks_in_two_files(q, t, size)
                    for a, b in zip(c.query_lengths, c.target_lengths)]
         assert lengths == [(2 + k, 2 + k) for k in range(9)]
+
+
+def test_text_with_no_newline_is_refused_without_reading_it_whole(monkeypatch):
+    """A line before the first '>' that is not blank is an error as soon as it is seen, not at its end: a
+    stream that never ends a line (/dev/zero, a binary file) is not held in memory."""
+    class Endless(io.RawIOBase):
+        read_bytes = 0
+
+        def readable(self):
+            return True
+
+        def readinto(self, buffer):
+            buffer[:] = b"A" * len(buffer)
+            Endless.read_bytes += len(buffer)
+            assert Endless.read_bytes < 1 << 28, "read on past 256 MiB"
+            return len(buffer)
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(Endless())))
+    with pytest.raises(FastaError, match=r"^<stdin>: line 1: expected a FASTA header starting with '>' at the "
+                                         r"line's first character, found 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'$"):
+        list(read_fasta("-"))
+    assert Endless.read_bytes <= 1 << 24
+
+
+def test_blank_lines_across_reads_before_the_first_record(tmp_path):
+    path = write(tmp_path / "a.fa", " " * (9 << 20) + "\n" + "\n" * 5 + ">a\nAC\n")  # past two reads
+    assert [r.sequence for r in read_fasta(path)] == ["AC"]

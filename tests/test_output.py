@@ -62,7 +62,7 @@ def test_bulk_rows_write_scores_as_format_score_does():
     assert chunk_rows(some, scores[kept]).decode().splitlines() == [lines[k] for k in kept]
     first = int(np.flatnonzero(~finite)[0])
     with pytest.raises(SwcliError, match=rf"^query {ids.id(chunk.query_index[first])}, target "
-                                         rf"{ids.id(chunk.target_index[first])}: the score is (nan|-?inf), past"):
+                                         rf"{ids.id(chunk.target_index[first])}: the score is (not a number \(NaN\)|-?inf, past)"):
         chunk_rows(chunk, scores)
 
 

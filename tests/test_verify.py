@@ -125,3 +125,20 @@ def test_verify_refuses_when_no_pair_fits_the_limit(tmp_path, capsys):
     path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAW"), ("b", "MKVIAW")])
     assert main(["verify", path, "--quiet", "--max-cells", "10"]) == 1
     assert "none of the 1 pairs has at most 10 cells" in capsys.readouterr().err
+
+
+def test_verify_checks_the_letters_of_pairs_it_does_not_sample(tmp_path, capsys):
+    # one pair sampled of two: the other's bad letter is still an error, as align's
+    path = write_fasta(tmp_path / "x.fa", [("a", "ACDEFG"), ("b", "ACDEF"), ("c", "ACJD"), ("d", "ACD")])
+    for extra in ([], ["--all-vs-all"]):
+        assert main(["verify", path, "--quiet", "--backend", "cpu", "-t", "0", "--sample", "1", *extra]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err == (f"swcli: error: {path}: record 3 (c): invalid letter 'J' at position 3 (not in the "
+                       "BLOSUM62 alphabet ARNDCQEGHILKMFPSTWYVBZX*; use --unknown-as X to score unknown letters "
+                       "as X)"), err
+    # and the pairs over --max-cells, which the sample skips
+    long = write_fasta(tmp_path / "y.fa", [("a", "ACD"), ("b", "ACD"), ("c", "ACDEFGHIK"), ("d", "ACJDEFGHI")])
+    assert main(["verify", long, "--quiet", "--backend", "cpu", "-t", "0", "--max-cells", "20"]) == 1
+    assert "record 4 (d): invalid letter 'J'" in capsys.readouterr().err
+    assert main(["verify", long, "--quiet", "--backend", "cpu", "-t", "0", "--max-cells", "20",
+                 "--unknown-as", "X"]) == 0
