@@ -1401,14 +1401,19 @@ def _affine_scores_of(S, qlen, tlen, gap_open: float, gap_extend: float, tempera
 def _reference_scores_and_posterior(S, qlen, tlen, gaps, temperature):
     """The reference loop's scores and d score / d S by autograd through it; the posterior is itself
     differentiable where the scores are (create_graph), so second derivatives work here."""
+    def scores_of(S_in):
+        if len(gaps) == 1:
+            return soft_smith_waterman_reference(S_in, gaps[0], temperature, qlen, tlen)
+        return soft_smith_waterman_affine_reference(S_in, *gaps, temperature, qlen, tlen)
+
+    if _in_functorch():  # a transform's tensors take no requires_grad_(): its own vjp, differentiable there
+        scores, pullback = torch.func.vjp(scores_of, S)
+        return scores, pullback(torch.ones_like(scores))[0]
     differentiable = torch.is_grad_enabled() and (
         S.requires_grad or any(isinstance(x, torch.Tensor) and x.requires_grad for x in (*gaps, temperature)))
     with torch.enable_grad():
         S_in = S if S.requires_grad else S.detach().requires_grad_()
-        if len(gaps) == 1:
-            scores = soft_smith_waterman_reference(S_in, gaps[0], temperature, qlen, tlen)
-        else:
-            scores = soft_smith_waterman_affine_reference(S_in, *gaps, temperature, qlen, tlen)
+        scores = scores_of(S_in)
         (posterior,) = torch.autograd.grad(scores.sum(), S_in, create_graph=differentiable)
     if not differentiable:
         scores, posterior = scores.detach(), posterior.detach()
@@ -1727,7 +1732,9 @@ class SoftSmithWaterman(nn.Module):
         def shown(value):
             if not isinstance(value, torch.Tensor):
                 return f"{value}"
-            return f"{value.item():g}" if value.numel() == 1 else f"tensor of shape {tuple(value.shape)}"
+            if value.numel() != 1 or torch.compiler.is_compiling():  # (torch.compile may trace the repr)
+                return f"tensor of shape {tuple(value.shape)}"
+            return f"{value.item():g}"
 
         extend = "" if self.gap_extend is None else f", gap_extend={shown(self.gap_extend)}"
         learned = [name for name in LEARNABLE if self._learns(name) or self._learns(f"log_{name}")]

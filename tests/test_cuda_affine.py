@@ -320,8 +320,9 @@ class TestCudaAffine:
                 ops.affine_scores(S, None, None, gap_open, gap_extend, 1.0)
             with pytest.raises(RuntimeError, match="gap_open <= gap_extend <= 0"):
                 ops.affine_scores_codes(q, q, m, None, None, gap_open, gap_extend, 1.0)
-        with pytest.raises(RuntimeError, match="temperature must be >= 0"):
-            ops.affine_forward(S, None, None, -2.0, -0.5, -1.0, False)
+        for temperature in (-1.0, math.inf, math.nan):
+            with pytest.raises(RuntimeError, match=r"temperature must be finite and >= 0, got"):
+                ops.affine_forward(S, None, None, -2.0, -0.5, temperature, False)
         with pytest.raises(RuntimeError, match="lane_columns"):
             ops.affine_scores(S, None, None, -2.0, -0.5, 1.0, lane_columns=8)
         with pytest.raises(RuntimeError, match="lengths must be"):

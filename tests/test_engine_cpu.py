@@ -141,3 +141,14 @@ class TestCpuScaledSweep(CpuEngineCalls):
                              self.codes(query, target, qlen, tlen, matrix, 0.5, 1.0, scaled=False)),
                             (self.dense(S, qlen, tlen, 0.5, 1.0), self.dense(S, qlen, tlen, 0.5, 1.0, scaled=False))]:
             assert scores[1] == 0 and torch.equal(scores[0], log[0])
+
+
+@pytest.mark.parametrize("temperature", [-1.0, math.inf, math.nan])
+def test_the_operators_refuse_a_temperature_that_is_not_finite_and_non_negative(temperature):
+    # called directly, past soft_smith_waterman's checks (a scripted module, a saved program)
+    ops.load_engine("cpu")
+    S = random_scores((2, 4, 5), seed=41)
+    with pytest.raises(RuntimeError, match=r"temperature must be finite and >= 0, got"):
+        torch.ops.swcli.scores(S, None, None, -1.0, temperature)
+    with pytest.raises(RuntimeError, match=r"temperature must be finite and >= 0, got"):
+        torch.ops.swcli.affine_scores(S, None, None, -2.0, -0.5, temperature)

@@ -400,6 +400,11 @@ def test_func_transform_inside_compile_scores_without_gradient():
         got = torch.compile(lambda S: torch.func.vmap(lambda s: ssw(s, -1.0, 0.6))(S), backend="eager",
                             fullgraph=True)(S)
     torch.testing.assert_close(got, torch.stack([ssw(s, -1.0, 0.6) for s in S]), rtol=0, atol=1e-12)
+    # a learnable module, whose repr torch.compile traces
+    module = swcli.SoftSmithWaterman(learnable=True).double()
+    with torch.no_grad():
+        got = torch.compile(lambda S: torch.func.vmap(module)(S), backend="eager", fullgraph=True)(S)
+        torch.testing.assert_close(got, torch.stack([module(s) for s in S]), rtol=0, atol=1e-12)
 
 
 def test_a_saved_program_runs_in_a_new_process_after_load_engine(tmp_path):
@@ -618,3 +623,21 @@ def test_a_tensor_escaped_from_an_ended_transform_runs():
     torch.func.grad(lambda S: (leaked.append(S), S.sum())[1])(S)
     out = torch.vmap(lambda s: ssw(leaked[0], backend="cpu") + s.sum())(S)
     torch.testing.assert_close(out, ssw(S, backend="cpu")[None] + S.sum((1, 2))[:, None], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_vmap_of_the_reference_posterior(kind):
+    S = random_scores((3, 2, 5, 4), seed=241, dtype=torch.float64)
+    got = torch.func.vmap(lambda s: ssw(s, temperature=0.8, backend="reference", return_posterior=True,
+                                        **gaps_of(kind)))(S)
+    for k in range(3):
+        scores, posterior = ssw(S[k], temperature=0.8, backend="reference", return_posterior=True, **gaps_of(kind))
+        torch.testing.assert_close(got[0][k], scores, rtol=0, atol=1e-12)
+        torch.testing.assert_close(got[1][k], posterior, rtol=0, atol=1e-12)
+    # and its gradient, through the transform
+    grads = torch.func.grad(lambda s: torch.func.vmap(lambda x: ssw(
+        x, temperature=0.8, backend="reference", return_posterior=True, **gaps_of(kind))[1].square().sum())(s).sum())(S)
+    leaf = S.clone().requires_grad_()
+    sum(ssw(leaf[k], temperature=0.8, backend="reference", return_posterior=True, **gaps_of(kind))[1].square().sum()
+        for k in range(3)).backward()
+    torch.testing.assert_close(grads, leaf.grad, rtol=0, atol=1e-10)

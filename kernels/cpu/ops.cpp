@@ -50,7 +50,8 @@ std::string number(double x) {
 }
 
 void check_temperature(double temperature) {
-  TORCH_CHECK(temperature >= 0, "temperature must be >= 0, got " + number(temperature));
+  TORCH_CHECK(std::isfinite(temperature) && temperature >= 0, "temperature must be finite and >= 0, got " +
+                                                                   number(temperature));
 }
 
 void check_scores(const at::Tensor& S) {

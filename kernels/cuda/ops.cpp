@@ -291,6 +291,8 @@ at::Tensor backward_tiles(const at::Tensor& grad_scores, const at::Tensor& S_in,
 // scaled: allow the scaled sweeps (float, t > 0, no DP table; with 1-column lanes, pairs of one column
 // tile); log_pairs: a (1,) int32 CUDA tensor to which the kernel adds the number of pairs it scored in log
 // space instead.
+std::string number(double x);  // (with the affine operators' checks, below)
+
 std::vector<at::Tensor> forward(const at::Tensor& S_in, const std::optional<at::Tensor>& qlen,
                                         const std::optional<at::Tensor>& tlen, double gap, double temperature,
                                         bool keep_dp_table, int64_t lane_columns, bool scaled,
@@ -298,7 +300,8 @@ std::vector<at::Tensor> forward(const at::Tensor& S_in, const std::optional<at::
   TORCH_CHECK(S_in.is_cuda() && S_in.dim() == 3, "the CUDA engine needs a 3-D CUDA tensor");
   TORCH_CHECK(S_in.scalar_type() == at::kFloat || S_in.scalar_type() == at::kDouble,
               std::string("the CUDA engine takes float32 or float64, got ") + c10::toString(S_in.scalar_type()));
-  TORCH_CHECK(temperature >= 0, "temperature must be >= 0");
+  TORCH_CHECK(std::isfinite(temperature) && temperature >= 0, "temperature must be finite and >= 0, got " +
+                                                                   number(temperature));
   const int64_t B = S_in.size(0), M = S_in.size(1), N = S_in.size(2);
   const std::string error = batch_error(B, M, N, qlen, tlen, S_in.device(), lane_columns, false, true);
   TORCH_CHECK(error.empty(), error);
@@ -575,7 +578,8 @@ std::string affine_settings_error(double gap_open, double gap_extend, double tem
   if (!(std::isfinite(gap_open) && std::isfinite(gap_extend) && gap_open <= gap_extend && gap_extend <= 0))
     return "affine gaps need finite scores with gap_open <= gap_extend <= 0, got gap_open = " + number(gap_open) +
            ", gap_extend = " + number(gap_extend);
-  if (!(temperature >= 0)) return "temperature must be >= 0, got " + number(temperature);
+  if (!(std::isfinite(temperature) && temperature >= 0))
+    return "temperature must be finite and >= 0, got " + number(temperature);
   return "";
 }
 
