@@ -1525,6 +1525,23 @@ def _check_per_pair_values(names, host: torch.Tensor, needs_positive_temperature
     raise ValueError(f"{rules[rule][1]}; pair {pair} has {shown}")
 
 
+def _assert_per_pair_values(names, values, needs_positive_temperature: bool) -> None:
+    """_check_per_pair_values' rules, queued on the values' device (torch._assert_async), where they cannot
+    be read: a failure stops the run with the rule (the pair is not named)."""
+    if _in_functorch():  # the tensors a vmap batches hold no data of their own: check all they wrap
+        values = [_unwrapped(v) for v in values]
+    *gaps, temperature = values
+    rules = [(torch.isfinite(v), f"{name} must be finite") for name, v in zip(names, gaps)]
+    rules.append((torch.isfinite(temperature) & (temperature >= 0), "temperature must be finite and >= 0"))
+    if len(gaps) == 2:
+        rules.append((gaps[1] <= 0, "gap_extend must be <= 0"))
+        rules.append((gaps[0] <= gaps[1], "gap_open must be <= gap_extend"))
+    if needs_positive_temperature:
+        rules.append((temperature > 0, TEMPERATURE_GRADIENT_AT_ZERO))
+    for holds, rule in rules:
+        torch._assert_async(holds.all(), rule)
+
+
 def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_posterior: bool):
     """(scores, posterior or None) where a gap or the temperature is a tensor (or a torch.func transform is
     active): differentiable in S, the gaps and the temperature. In eager mode the engine's forward that keeps
@@ -1534,7 +1551,10 @@ def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_post
     transforms and in captured graphs the posterior operators, whose backward is a scaling of what they
     return."""
     if backend == "reference":
-        _per_pair_parameters(S, gaps, temperature)  # their checks, as for the engines
+        values, host = _per_pair_parameters(S, gaps, temperature)  # their checks, as for the engines
+        if host is None:  # nothing could be read (a graph being compiled, a transform): no engine checks them
+            _assert_per_pair_values(_VALUE_NAMES[len(values)][:-1], values, isinstance(temperature, torch.Tensor)
+                                    and torch.is_grad_enabled() and _needs_grad(temperature))
         if return_posterior:
             return _reference_scores_and_posterior(S, qlen, tlen, gaps, temperature)
         if len(gaps) == 1:

@@ -4,6 +4,7 @@ eager op's results, or raises the documented error."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -641,3 +642,28 @@ def test_vmap_of_the_reference_posterior(kind):
     sum(ssw(leaf[k], temperature=0.8, backend="reference", return_posterior=True, **gaps_of(kind))[1].square().sum()
         for k in range(3)).backward()
     torch.testing.assert_close(grads, leaf.grad, rtol=0, atol=1e-10)
+
+
+def test_the_reference_checks_its_values_where_they_cannot_be_read():
+    # under torch.compile and torch.func the values are not read to the host: their rules run on the device
+    S = random_scores((2, 3, 4), seed=242, dtype=torch.float64)
+    bad = [({"gap": -0.7, "temperature": torch.tensor(-0.8)}, "temperature must be finite and >= 0"),
+           ({"gap": torch.tensor(math.nan), "temperature": 1.0}, "gap must be finite"),
+           ({"gap_open": torch.tensor(-0.5), "gap_extend": -1.0, "temperature": 1.0},
+            "gap_open must be <= gap_extend")]
+    for kwargs, rule in bad:
+        with pytest.raises(ValueError, match=rule):
+            ssw(S, backend="reference", **kwargs)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=rule):
+            torch.compile(lambda s: ssw(s, backend="reference", **kwargs), backend="eager", fullgraph=True)(S)
+        with pytest.raises(RuntimeError, match=rule):
+            torch.func.vmap(lambda s: ssw(s, backend="reference", **kwargs))(S[None])
+    t = torch.tensor(0.0, dtype=torch.float64, requires_grad=True)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="not defined at temperature 0"):
+        torch.compile(lambda s, t: ssw(s, -0.7, t, backend="reference").sum(), backend="eager",
+                      fullgraph=True)(S, t).backward()
+    good = torch.compile(lambda s, t: ssw(s, -0.7, t, backend="reference"), backend="eager", fullgraph=True)
+    torch.testing.assert_close(good(S, torch.tensor(0.8, dtype=torch.float64)), ssw(S, -0.7, 0.8), rtol=0,
+                               atol=1e-12)
