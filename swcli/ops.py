@@ -1508,15 +1508,8 @@ def _check_per_pair_values(names, host: torch.Tensor, needs_positive_temperature
     t >= 0, and t > 0 where it requires grad); the first pair that breaks one is named. In numpy: the
     host's time here is the device's idle time before the forward."""
     values = host.numpy()
-    *gaps, temperature = values.T
     with np.errstate(invalid="ignore"):
-        rules = [(np.isfinite(v), f"{name} must be finite") for name, v in zip(names, gaps)]
-        rules.append((np.isfinite(temperature) & (temperature >= 0), "temperature must be finite and >= 0"))
-        if len(gaps) == 2:
-            rules.append((gaps[1] <= 0, "gap_extend must be <= 0"))
-            rules.append((gaps[0] <= gaps[1], "gap_open must be <= gap_extend"))
-        if needs_positive_temperature:
-            rules.append((temperature > 0, TEMPERATURE_GRADIENT_AT_ZERO))
+        rules = _per_pair_rules(names, values.T, needs_positive_temperature, np.isfinite)
     broken = ~np.stack([ok for ok, _ in rules])  # (rules, B)
     if not broken.any():
         return
@@ -1530,16 +1523,22 @@ def _assert_per_pair_values(names, values, needs_positive_temperature: bool) -> 
     be read: a failure stops the run with the rule (the pair is not named)."""
     if _in_functorch():  # the tensors a vmap batches hold no data of their own: check all they wrap
         values = [_unwrapped(v) for v in values]
+    for holds, rule in _per_pair_rules(names, values, needs_positive_temperature, torch.isfinite):
+        torch._assert_async(holds.all(), rule)
+
+
+def _per_pair_rules(names, values, needs_positive_temperature: bool, isfinite):
+    """(holds, rule) of the per-pair values (the gaps', then the temperature's), as arrays or tensors:
+    isfinite is numpy's or torch's."""
     *gaps, temperature = values
-    rules = [(torch.isfinite(v), f"{name} must be finite") for name, v in zip(names, gaps)]
-    rules.append((torch.isfinite(temperature) & (temperature >= 0), "temperature must be finite and >= 0"))
+    rules = [(isfinite(v), f"{name} must be finite") for name, v in zip(names, gaps)]
+    rules.append((isfinite(temperature) & (temperature >= 0), "temperature must be finite and >= 0"))
     if len(gaps) == 2:
         rules.append((gaps[1] <= 0, "gap_extend must be <= 0"))
         rules.append((gaps[0] <= gaps[1], "gap_open must be <= gap_extend"))
     if needs_positive_temperature:
         rules.append((temperature > 0, TEMPERATURE_GRADIENT_AT_ZERO))
-    for holds, rule in rules:
-        torch._assert_async(holds.all(), rule)
+    return rules
 
 
 def _per_pair_scores(S, qlen, tlen, gaps, temperature, backend: str, return_posterior: bool):
