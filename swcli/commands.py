@@ -442,15 +442,20 @@ def _reader_left():
 
 @contextmanager
 def _stdout_reader_may_leave():
-    """_reader_left where what is inside writes to stdout."""
-    if sys.stdout is None:
-        raise SwcliError("standard output is closed: nowhere to write the report")
+    """_reader_left where what is inside writes to stdout; a stdout closed, full or failing is one line."""
+    _require_stdout()
     try:
         yield
     except BrokenPipeError:
         _reader_left()
     except OSError as exc:
         raise SwcliError(f"stdout: cannot write output ({exc.strerror or exc})") from None
+
+
+def _require_stdout() -> None:
+    """stdout, which a command writes its report to, is there (a process started with `>&-` has none)."""
+    if sys.stdout is None:
+        raise SwcliError("standard output is closed: nowhere to write the report")
 
 
 def _check_tolerance(value: float) -> float:
@@ -484,8 +489,7 @@ def verify(
     """Check the backend against the reference loop (float64) on a sample of the pairs; exit 1 if off."""
     from swcli.verify import verify_pairs
 
-    if sys.stdout is None:  # before the work: its report would go nowhere
-        raise SwcliError("standard output is closed: nowhere to write the report")
+    _require_stdout()  # before the work, which would be lost
     settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
     pairs = _pairs(queries, targets, all_vs_all, settings.matrix)
     report = verify_pairs(pairs, settings, sample, seed, max_cells, lambda total: _progress_bar(quiet, "step", total))

@@ -57,8 +57,8 @@ def format_score(value: float) -> str:
 
 
 def overflow_error(query: str, target: str, score: float) -> SwcliError:
-    """A score past float32's range: only a temperature or substitution scores near that range make one
-    (every option is checked to lie within it), and a row of inf would say nothing true."""
+    """A score past float32's range (or NaN): only a temperature or substitution scores near that range
+    make one (every option is checked to lie within it), and a row of inf would say nothing true."""
     what = "not a number (NaN)" if math.isnan(score) else f"{score}, past float32's range"
     return SwcliError(f"query {query}, target {target}: the score is {what}; use a smaller temperature or "
                       "smaller substitution scores")
