@@ -76,18 +76,26 @@ def effective_lengths(query_lengths, target_lengths, k: float, alpha_lambda: flo
     """m - l and n - l for BLAST's length adjustment l of each pair (the module's docstring): bisection
     on the fixed point (the right side falls as l grows), within [0, l_max] where l_max is the largest l
     with K (m - l)(n - l) >= max(m, n) (0 where even l = 0 fails that)."""
+    m, n, l, _ = _length_adjustment(query_lengths, target_lengths, k, alpha_lambda, beta)
+    return m - l, n - l
+
+
+def _length_adjustment(query_lengths, target_lengths, k: float, alpha_lambda: float, beta: float):
+    """(m, n, l, capped): effective_lengths' adjustment l, and where it is l_max (the fixed point lies past
+    it), so that K (m - l)(n - l) is max(m, n) exactly there, not to within float64's last bits."""
     m = np.asarray(query_lengths, dtype=np.float64)
     n = np.asarray(target_lengths, dtype=np.float64)
     m, n = np.broadcast_arrays(m, n)
     c = m * n - np.maximum(m, n) / k  # l_max: the smaller root of l^2 - (m + n) l + c
     with np.errstate(invalid="ignore", divide="ignore"):
-        high = np.where(c > 0, 2 * c / ((m + n) + np.sqrt(np.maximum((m + n) ** 2 - 4 * c, 0.0))), 0.0)
-        low = np.zeros_like(high)
+        limit = np.where(c > 0, 2 * c / ((m + n) + np.sqrt(np.maximum((m + n) ** 2 - 4 * c, 0.0))), 0.0)
+        capped = (c > 0) & (alpha_lambda * np.log(k * (m - limit) * (n - limit)) + beta >= limit)
+        low, high = np.zeros_like(limit), limit
         for _ in range(60):  # 2^-60 of l_max: exact to float64
             middle = (low + high) / 2
             below = alpha_lambda * np.log(k * (m - middle) * (n - middle)) + beta >= middle
             low, high = np.where(below, middle, low), np.where(below, high, middle)
-    return m - low, n - low
+    return m, n, np.where(capped, limit, low), capped
 
 
 @dataclass(frozen=True)
@@ -111,11 +119,20 @@ class KarlinAltschul:
         return effective_lengths(query_lengths, target_lengths, self.k, self.alpha / self.lambda_, self.beta)
 
     def log_space(self, query_lengths, target_lengths, searched: int = 1) -> np.ndarray:
-        """ln(searched K m' n'): the E-value is exp(log_space - lambda S) (-inf for a length 0: E = 0)."""
-        m, n = self.lengths(query_lengths, target_lengths)
+        """ln(searched K m' n'): the E-value is exp(log_space - lambda S) (-inf for a length 0: E = 0).
+        Where the length adjustment is capped, K m' n' is max(m, n) itself: pairs of one score there have
+        the same E-value to the bit, so --rank evalue keeps them in database order."""
         with np.errstate(divide="ignore"):
-            space = math.log(searched * self.k) if searched > 0 else -math.inf  # nothing searched: E = 0
-            return space + np.log(m) + np.log(n)
+            if searched <= 0:  # nothing searched: E = 0
+                m, n = self.lengths(query_lengths, target_lengths)
+                return np.full(np.broadcast(m, n).shape, -math.inf)
+            if not self.corrected:
+                m, n = self.lengths(query_lengths, target_lengths)
+                return math.log(searched * self.k) + np.log(m) + np.log(n)
+            m, n, l, capped = _length_adjustment(query_lengths, target_lengths, self.k,
+                                                 self.alpha / self.lambda_, self.beta)
+            return np.where(capped, math.log(searched) + np.log(np.maximum(m, n)),
+                            math.log(searched * self.k) + np.log(m - l) + np.log(n - l))
 
     def evalues(self, scores, query_lengths, target_lengths, searched: int = 1) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float64)

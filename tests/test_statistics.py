@@ -65,6 +65,24 @@ def test_effective_lengths_are_blast_length_adjustment():
     assert 300 - m300 == pytest.approx(ell_300, abs=1e-9) and 26 < ell_300 < 28
 
 
+def test_capped_lengths_give_equal_evalues_to_the_bit_and_rank_in_database_order():
+    """Where the adjustment is capped, K m' n' is max(m, n): a query of 300 and targets of 25, 30 and 35
+    (all capped with alpha 1.9, beta -30) with one score have one E-value, and --rank evalue keeps them in
+    database order (by float64 noise in the last bit they were not)."""
+    import torch
+
+    ka = statistics.KarlinAltschul(0.267, 0.041, "given", 1.9, -30.0)
+    space = ka.log_space(300, np.array([25, 30, 35]), searched=3)
+    assert space[0] == space[1] == space[2] == math.log(3 * 300)
+    ranking = statistics.EvalueRanking(ka, np.array([25, 30, 35]), [(0, 3)], 3, "cpu")
+    ranks = ranking.ranks(torch.from_numpy(ranking.table(300)), torch.full((3,), 55.0), 0)
+    assert ranks[0] == ranks[1] == ranks[2]
+    # uncapped pairs keep the fixed point's lengths
+    long = ka.log_space(300, np.array([2000]))
+    m2, n2 = statistics.effective_lengths([300], [2000], 0.041, 1.9 / 0.267, -30.0)
+    assert long[0] == pytest.approx(math.log(0.041) + math.log(m2[0]) + math.log(n2[0]), rel=1e-15)
+
+
 def test_the_corrected_fit_recovers_a_law_with_edge_effects():
     """Scores drawn from the corrected law, and alignment lengths on its line: fit_corrected gives back
     lambda, K, alpha and beta."""
