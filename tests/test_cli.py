@@ -644,11 +644,13 @@ def test_a_signal_in_a_protected_section_waits_for_its_end(tmp_path, monkeypatch
 
 
 def _closed(fd: int) -> str:
-    """A shell wrapper that runs the command with descriptor fd closed (Python's subprocess cannot)."""
+    """The shell's redirection that closes descriptor fd for a command (subprocess cannot start a child
+    with one of the three closed)."""
     return {0: "<&-", 1: ">&-", 2: "2>&-"}[fd]
 
 
 def _run_closed(args, fd: int, tmp_path):
+    """`python -m swcli ARGS` with descriptor fd closed: (exit code, stdout, stderr) as files caught them."""
     quoted = " ".join(f"'{a}'" for a in args)
     script = f"'{sys.executable}' -m swcli {quoted} {_closed(fd)}"
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
