@@ -257,8 +257,10 @@ def _skip_blank_lines(buffer: bytearray, end: int, name: str, line_number: int,
         # (a line that is not blank is an error before its end: a file with no newline is not read whole)
         stop = end if newline < 0 else newline
         line_number += 1
-        data = bytes(buffer[skipped:stop])
-        text = data[:120].decode("utf-8", "replace") if unfinished else _decode(data, name, f"line {line_number}")
+        if unfinished:  # (its start, for the message: the rest may be megabytes)
+            text = bytes(buffer[skipped:min(stop, skipped + 120)]).decode("utf-8", "replace")
+        else:
+            text = _decode(bytes(buffer[skipped:stop]), name, f"line {line_number}")
         if text.strip():
             hint = " (this looks like FASTQ)" if text.startswith("@") else ""
             raise FastaError(f"{name}: line {line_number}: expected a FASTA header starting with '>' at the "

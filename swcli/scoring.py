@@ -201,10 +201,12 @@ class SubstitutionMatrix:
 
     def _invalid(self, sequence: str, position: int, where: Callable[[], str]):
         wildcard = next((w for w in "XN*" if w in self.alphabet), None)  # the matrix's any-residue letter
-        hint = ("" if self.unknown_as or wildcard is None
-                else f"; use --unknown-as {wildcard} to score unknown letters as {wildcard}")
         if not sequence[position].isascii():  # --unknown-as maps letters, never other characters
             hint = "; only ASCII letters are taken"
+        elif self.unknown_as or wildcard is None:
+            hint = ""
+        else:
+            hint = f"; use --unknown-as {wildcard} to score unknown letters as {wildcard}"
         raise AlphabetError(
             f"{where()}: invalid letter {sequence[position]!r} at position {position + 1} "
             f"(not in the {self.name} alphabet {self.alphabet}{hint})"

@@ -112,25 +112,25 @@ class KarlinAltschul:
 
     def lengths(self, query_lengths, target_lengths) -> tuple[np.ndarray, np.ndarray]:
         """The effective lengths m' and n' (the lengths themselves without a correction)."""
-        if not self.corrected:
-            m, n = np.broadcast_arrays(np.asarray(query_lengths, dtype=np.float64),
-                                       np.asarray(target_lengths, dtype=np.float64))
-            return m, n
-        return effective_lengths(query_lengths, target_lengths, self.k, self.alpha / self.lambda_, self.beta)
+        m, n, l, _ = self._adjustment(query_lengths, target_lengths)
+        return m - l, n - l
+
+    def _adjustment(self, query_lengths, target_lengths):
+        """(m, n, l, capped) as _length_adjustment gives them; without a correction l is 0, never capped."""
+        if self.corrected:
+            return _length_adjustment(query_lengths, target_lengths, self.k, self.alpha / self.lambda_, self.beta)
+        m, n = np.broadcast_arrays(np.asarray(query_lengths, dtype=np.float64),
+                                   np.asarray(target_lengths, dtype=np.float64))
+        return m, n, np.zeros_like(m), np.zeros(m.shape, dtype=bool)
 
     def log_space(self, query_lengths, target_lengths, searched: int = 1) -> np.ndarray:
         """ln(searched K m' n'): the E-value is exp(log_space - lambda S) (-inf for a length 0: E = 0).
         Where the length adjustment is capped, K m' n' is max(m, n) itself: pairs of one score there have
         the same E-value to the bit, so --rank evalue keeps them in database order."""
+        m, n, l, capped = self._adjustment(query_lengths, target_lengths)
+        if searched <= 0:  # nothing searched: E = 0
+            return np.full(m.shape, -math.inf)
         with np.errstate(divide="ignore"):
-            if searched <= 0:  # nothing searched: E = 0
-                m, n = self.lengths(query_lengths, target_lengths)
-                return np.full(np.broadcast(m, n).shape, -math.inf)
-            if not self.corrected:
-                m, n = self.lengths(query_lengths, target_lengths)
-                return math.log(searched * self.k) + np.log(m) + np.log(n)
-            m, n, l, capped = _length_adjustment(query_lengths, target_lengths, self.k,
-                                                 self.alpha / self.lambda_, self.beta)
             return np.where(capped, math.log(searched) + np.log(np.maximum(m, n)),
                             math.log(searched * self.k) + np.log(m - l) + np.log(n - l))
 
