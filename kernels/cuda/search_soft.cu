@@ -127,19 +127,29 @@ __device__ __forceinline__ float segment_max(float first, const float (&v)[R], i
 // One query row of the profile for every letter, 32 rows at a time: lane l writes row 32 m + l (letter
 // `letter`, any letter past the query) at its ring slot and, for the upper half of the ring's odd chunks,
 // at the mirror slot below.
-__device__ __forceinline__ void fill_chunk(float* ring, const float* table, int stride, int K, int m, int letter,
-                                           int lane) {
+__device__ __forceinline__ void fill_chunk(float* __restrict__ ring, const float* __restrict__ table, int stride,
+                                           int K, int m, int letter, int lane) {
   const int row = ((m & 1) << 5) + lane;  // the row's place in the ring, (32 m + lane) mod 64
   const int slot = row + kWarp - 1;
   // A lane l reads row i at step k = i + l at slot (k mod 64) + 31 - l: (i mod 64) + 31 where k mod 64 >= l,
   // else (i mod 64) - 33, which happens for i mod 64 in [33, 63] only.
   const bool mirrored = row > kWarp;
   const float* const powers = table + letter * stride;
-  for (int a = 0; a < K; ++a) {
-    const float p = powers[a];
+  auto put = [&](const int a, const float p) {
     ring[a * kRingSlots + slot] = p;
     if (mirrored) ring[a * kRingSlots + slot - kRingRows] = p;
+  };
+  // 8 loads, then their stores: one wait on the loads for 8 letters, not one a letter.
+  constexpr int kBatch = 8;
+  int a = 0;
+  for (; a + kBatch <= K; a += kBatch) {
+    float p[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) p[j] = powers[a + j];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) put(a + j, p[j]);
   }
+  for (; a < K; ++a) put(a, powers[a]);
 }
 
 template <bool AFFINE>
