@@ -80,9 +80,13 @@ def _run(argv: list[str]) -> int:
                 _distributed().before_saying()
             print(f"swcli: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
-    except BrokenPipeError:  # the help or the version into `| head -c0`: as the commands' output does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+    except BrokenPipeError:  # the version into `| head -c0`: as the commands' output does
+        return _reader_gone()
+    except SystemExit as exc:
+        # click answers a broken pipe under its help with exit 1 and stdout wrapped to stay quiet
+        if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            return _reader_gone()
+        raise
     except OSError as exc:
         if exc.filename is not None:  # a file's error no command turned into its own line: unexpected
             raise
@@ -93,6 +97,13 @@ def _run(argv: list[str]) -> int:
         print("swcli: error: out of memory (a smaller --chunk-size, or a record too long for this machine)",
               file=sys.stderr)
         return 1
+
+
+def _reader_gone() -> int:
+    """141, as a shell reports a process stopped by SIGPIPE; stdout then points at /dev/null so that the
+    interpreter's last flush does not print a second error."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
 
 
 def _left_broken() -> bool:

@@ -281,6 +281,15 @@ def test_verify_into_a_closed_pipe_exits_141_quietly(tmp_path):
     assert result.stdout == "141\n" and result.stderr == ""
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["search", "--help"], ["--version"], []])
+def test_help_into_a_closed_pipe_exits_141_quietly(argv):
+    # the reader is gone before the child starts (about 0.2 s), so its first write breaks the pipe
+    child = subprocess.Popen([sys.executable, "-m", "swcli", *argv], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=subprocess_env())
+    child.stdout.close()
+    assert child.wait(timeout=60) == 141 and child.stderr.read() == b""
+
+
 def test_closed_stdout_is_a_one_line_error(tmp_path):
     path = write_fasta(tmp_path / "x.fa", [("a", "MKVLAWY"), ("b", "MKVLAWF")])
     result = subprocess.run(f"{sys.executable} -m swcli align {path} --backend cpu >&-", shell=True,
