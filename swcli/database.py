@@ -7,10 +7,12 @@ prepared once by `swcli makedb` into a folder whose arrays are memory-mapped, so
 start without reading or encoding the FASTA again.
 
 The folder: codes.u8, offsets.i64, index.i64 (raw little-endian arrays), ids.txt (one id per line, in
-database order) and meta.json (format, alphabet, counts, and each other file's CRC-32, checked when the
-folder is opened: a change that keeps every file well-formed, a code still a letter, would otherwise go
-unseen). It is written into a temporary folder beside the destination and renamed into place, so a
-killed makedb leaves no half-written database.
+database order) and meta.json (format, alphabet, the matrix and --unknown-as it was encoded with, counts,
+and each other file's CRC-32, checked when the folder is opened: a change that keeps every file
+well-formed, a code still a letter, would otherwise go unseen). It is written into a temporary folder
+beside the destination and renamed into place, so a killed makedb leaves no half-written database: an
+interrupted run removes its temporary folder, and the next makedb of the same name removes those of
+processes that died.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import json
 import os
 import shlex
 import shutil
-import tempfile
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,11 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
+from swcli import interrupt
 from swcli.errors import DatabaseError, SwcliError
 from swcli.fasta import FastaRecord, Records, gather_ranges
+from swcli.output import remove_stale_temporaries, temporary_name
 from swcli.scoring import SubstitutionMatrix, load_matrix
 
-FORMAT = "swcli-database-1"
+# 2: meta.json always keeps the CRC-32s, the matrix and --unknown-as (1 could lack the first two, and
+# lacked the last: a folder of that format is made again, not guessed at).
+FORMAT = "swcli-database-2"
 FILES = ("codes.u8", "offsets.i64", "index.i64", "ids.txt", "meta.json")
 CHECKED = FILES[:-1]  # the files whose CRC-32 meta.json keeps
 
@@ -44,9 +49,9 @@ class Database:
     ids: list[str]  # in database order
     alphabet: str  # the alphabet the codes index (the matrix's)
     source: str  # what it was built from, for messages
-    # The matrix it was encoded for: a Biopython name, or a matrix file's absolute path (older folders: the
-    # file's name alone, or nothing).
+    # The matrix it was encoded for: a Biopython name, or a matrix file's absolute path.
     matrix: str = ""
+    unknown_as: str | None = None  # the letter that stood for the letters the matrix lacks, if one did
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -94,6 +99,19 @@ class Database:
             f"{matrix.alphabet}; {search}prepare it again with this matrix ({how})"
         )
 
+    def check_unknown_as(self, matrix: SubstitutionMatrix) -> None:
+        """The codes of letters the matrix lacks are the folder's --unknown-as: a search with another one
+        would score its queries and the database's sequences by different rules."""
+        if matrix.unknown_as == self.unknown_as:
+            return
+        def said(letter):
+            return f"--unknown-as {shlex.quote(letter)}" if letter else "no --unknown-as"
+        instead = f"with --unknown-as {shlex.quote(self.unknown_as)}" if self.unknown_as else "without --unknown-as"
+        raise DatabaseError(
+            f"{self.source}: prepared with {said(self.unknown_as)}, but this search has {said(matrix.unknown_as)}; "
+            f"search it {instead}, or prepare it again with the search's"
+        )
+
 
 def _matrix_option(spec: str, alphabet: str, scores=None) -> str | None:
     """`spec` quoted for a shell if --matrix spec loads, here, a matrix of `alphabet` (and `scores` when given);
@@ -136,7 +154,7 @@ def build_from_blocks(blocks: Iterable[Records], matrix: SubstitutionMatrix, sou
     id_bytes, bounds = records.ids.tobytes(), records.id_offsets.tolist()
     ids = [id_bytes[a:b].decode() for a, b in zip(bounds, bounds[1:])]
     return Database(ordered, offsets, index.astype(np.int64), ids, matrix.alphabet, source,
-                    matrix_name or matrix.name)
+                    matrix_name or matrix.name, matrix.unknown_as)
 
 
 def duplicate_ids(database: Database) -> str | None:
@@ -169,7 +187,7 @@ def check_new_folder(folder: str | Path) -> Path:
         raise DatabaseError(f"{folder}: cannot create it ({exc.strerror or exc})") from None
     if taken:
         raise DatabaseError(f"{folder}: already exists; makedb writes a new folder and replaces nothing")
-    parent = folder.resolve().parent
+    parent = folder.parent  # as written: `missing/../db` needs `missing`, which resolve() would not see
     if not parent.is_dir():
         found = "is not a folder" if parent.exists() else "does not exist"
         raise DatabaseError(f"{folder}: {parent} {found}")
@@ -182,9 +200,13 @@ def save(database: Database, folder: str | Path) -> None:
     """Write the database into `folder` (created; an existing folder is refused, never overwritten)."""
     folder = Path(folder)
     parent = check_new_folder(folder)
+    remove_stale_temporaries(str(parent), folder.name)
+    staging = parent / temporary_name(folder.name)
+    interrupt.register_temporary(str(staging))
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".part", dir=parent))
+        os.mkdir(staging, 0o700)
     except OSError as exc:
+        interrupt.unregister_temporary(str(staging))
         raise DatabaseError(f"{folder}: cannot create it ({exc.strerror})") from None
     try:
         ids = "".join(f"{i}\n" for i in database.ids).encode("utf-8")
@@ -194,10 +216,12 @@ def save(database: Database, folder: str | Path) -> None:
                      "ids.txt": zlib.crc32(ids)}
         (staging / "ids.txt").write_bytes(ids)
         meta = {"format": FORMAT, "alphabet": database.alphabet, "matrix": database.matrix,
-                "sequences": len(database), "residues": database.residues, "source": database.source,
-                "crc32": checksums}
+                "unknown_as": database.unknown_as, "sequences": len(database), "residues": database.residues,
+                "source": database.source, "crc32": checksums}
         (staging / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         os.chmod(staging, 0o755)
+        if os.path.lexists(folder):  # made meanwhile: rename would replace an empty folder
+            raise DatabaseError(f"{folder}: made while makedb ran; makedb writes a new folder and replaces nothing")
         os.rename(staging, folder)
     except OSError as exc:  # a full disk, a folder made meanwhile at the same path
         shutil.rmtree(staging, ignore_errors=True)
@@ -205,6 +229,8 @@ def save(database: Database, folder: str | Path) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        interrupt.unregister_temporary(str(staging))
 
 
 def _write_array(path: Path, array: np.ndarray, dtype: str) -> int:
@@ -254,6 +280,11 @@ def _load(folder: Path) -> Database:
             and isinstance(alphabet, str) and alphabet):
         raise DatabaseError(f"{folder}/meta.json: sequences {count!r}, residues {residues!r}, alphabet "
                             f"{alphabet!r}: not a count, a count and letters; prepare it again")
+    matrix, unknown_as = meta.get("matrix"), meta.get("unknown_as", "")
+    if not (isinstance(matrix, str) and matrix and (unknown_as is None or isinstance(unknown_as, str)
+                                                    and len(unknown_as) == 1)):
+        raise DatabaseError(f"{folder}/meta.json: matrix {matrix!r}, unknown_as {unknown_as!r}: not a matrix's "
+                            "name and a letter or null; prepare it again")
     offsets = _array(folder / "offsets.i64", np.int64, count + 1)
     index = _array(folder / "index.i64", np.int64, count)
     codes = _array(folder / "codes.u8", np.uint8, residues)
@@ -284,15 +315,12 @@ def _load(folder: Path) -> Database:
         raise DatabaseError(f"{folder}/codes.u8: byte {at} is code {int(codes[at])}, past the {len(alphabet)} "
                             "letters of its alphabet; prepare it again")
     _check_crc32(folder, meta, {"codes.u8": codes, "offsets.i64": offsets, "index.i64": index, "ids.txt": raw_ids})
-    return Database(codes, offsets, index, ids, alphabet, str(folder), str(meta.get("matrix") or ""))
+    return Database(codes, offsets, index, ids, alphabet, str(folder), matrix, unknown_as)
 
 
 def _check_crc32(folder: Path, meta: dict, contents: dict) -> None:
-    """Each file's CRC-32 against the one makedb kept in meta.json, after the checks that name what is wrong
-    (a folder from before makedb kept them has none, and is taken as it is)."""
-    if "crc32" not in meta:
-        return
-    kept = meta["crc32"]
+    """Each file's CRC-32 against the one makedb kept in meta.json, after the checks that name what is wrong."""
+    kept = meta.get("crc32")
     if not (isinstance(kept, dict) and all(type(kept.get(name)) is int for name in CHECKED)):
         raise DatabaseError(f"{folder}/meta.json: its crc32 is not a CRC-32 for each of {', '.join(CHECKED)}; "
                             "prepare it again")

@@ -17,6 +17,7 @@ library, in-process callers) `check()` and `protected()` do nothing.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 
@@ -74,7 +75,10 @@ def exit_now() -> None:
     """End the process as interrupted: temporary outputs removed, one line on stderr, status 130."""
     for path in list(_temporaries):
         try:
-            os.unlink(path)
+            if os.path.isdir(path) and not os.path.islink(path):  # makedb's folder being written
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
         except OSError:
             pass
     try:  # complete lines of verify's or bench's report; align's rows are flushed as they are written
@@ -97,7 +101,8 @@ def check() -> None:
 
 
 def register_temporary(path: str) -> None:
-    """Remove `path` if the process ends on a signal (register before creating the file)."""
+    """Remove `path` (a file, or a folder with what it holds) if the process ends on a signal (register
+    before creating it)."""
     _temporaries.append(path)
 
 

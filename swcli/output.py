@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import stat
 import struct
 import sys
@@ -108,7 +109,8 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_temporaries(folder: str, target_name: str) -> list[str]:
-    """Remove the temporary files of `target_name` in `folder` left by dead processes of this host."""
+    """Remove the temporary files (or makedb's folders) of `target_name` in `folder` left by dead processes
+    of this host."""
     prefix, removed = temporary_name(target_name, 0)[: -len("0.part")], []
     try:
         entries = list(os.scandir(folder))
@@ -120,7 +122,10 @@ def remove_stale_temporaries(folder: str, target_name: str) -> list[str]:
         pid = entry.name[len(prefix): -len(".part")]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             try:
-                os.unlink(entry.path)
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
                 removed.append(entry.path)
             except OSError:
                 pass

@@ -705,6 +705,7 @@ def open_database(path: str, matrix) -> Database:
     if database.is_prepared(path):
         db = database.load(path)
         db.check_alphabet(matrix)
+        db.check_unknown_as(matrix)
         return db
     if os.path.isdir(path):
         raise DatabaseError(f"{path}: a folder, but not a swcli database (no meta.json): give a FASTA file, or a "

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -729,6 +731,12 @@ def run_cli(argv, capsys):
     code = main(argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def subprocess_env() -> dict:
+    """The environment for `python -m swcli` in a child: this checkout first, the caller's path kept."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                         os.environ.get("PYTHONPATH", "")])}
 
 
 def write_fasta(path, records, compress=False) -> str:

@@ -12,15 +12,9 @@ import pytest
 import torch
 
 from swcli.testing import (biopython_score, random_protein_pairs, read_tsv, related_protein_pairs, run_cli,
-                           write_fasta)
+                           subprocess_env, write_fasta)
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "data" / "example.fasta")
-
-
-def subprocess_env() -> dict:
-    """The environment for `python -m swcli` in a child: this checkout first, the caller's path kept."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                                         os.environ.get("PYTHONPATH", "")])}
 
 
 run = run_cli

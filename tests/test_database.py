@@ -6,6 +6,8 @@ import errno
 import json
 import os
 import random
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from swcli import database
 from swcli.errors import AlphabetError, DatabaseError
 from swcli.fasta import FastaRecord
 from swcli.scoring import load_matrix
-from swcli.testing import random_protein
+from swcli.testing import random_protein, subprocess_env
 
 BLOSUM62 = load_matrix("BLOSUM62")
 
@@ -88,10 +90,66 @@ def test_save_refuses_an_existing_path(tmp_path):
     assert (tmp_path / "db" / "keep").read_text() == "mine"
 
 
-def test_save_into_a_missing_folder_is_an_error(tmp_path):
+def test_save_into_a_missing_folder_is_an_error(tmp_path, monkeypatch):
     db = database.build(records(3, seed=4), BLOSUM62, "db.fa")
     with pytest.raises(DatabaseError, match="does not exist"):
         database.save(db, tmp_path / "no" / "db")
+    monkeypatch.chdir(tmp_path)  # `no/..` is no folder while `no` is missing, whatever resolve() says
+    with pytest.raises(DatabaseError, match=r"^no/\.\./db: no/\.\. does not exist$"):
+        database.check_new_folder("no/../db")
+
+
+def test_a_folder_made_while_makedb_writes_is_kept(tmp_path, monkeypatch):
+    """rename() would replace an empty folder made meanwhile at the path: it is refused instead."""
+    write_array = database._write_array
+
+    def and_make_the_folder(path, array, dtype):
+        (tmp_path / "db").mkdir(exist_ok=True)
+        return write_array(path, array, dtype)
+
+    monkeypatch.setattr(database, "_write_array", and_make_the_folder)
+    with pytest.raises(DatabaseError, match=r"db: made while makedb ran; makedb writes a new folder and replaces"):
+        database.save(database.build(records(3, seed=4), BLOSUM62, "db.fa"), tmp_path / "db")
+    assert [p.name for p in tmp_path.iterdir()] == ["db"] and not list((tmp_path / "db").iterdir())
+
+
+def test_the_folder_being_written_is_removed_on_a_signal(tmp_path, monkeypatch):
+    """interrupt.exit_now (Ctrl-C, SIGTERM) removes what it was told of: here the folder makedb writes."""
+    from swcli import interrupt
+
+    seen = []
+
+    def write_array(path, array, dtype):
+        seen.append((path.parent, str(path.parent) in interrupt._temporaries))
+        raise KeyboardInterrupt  # stands for the signal, which would end the process here
+
+    monkeypatch.setattr(database, "_write_array", write_array)
+    with pytest.raises(KeyboardInterrupt):
+        database.save(database.build(records(3, seed=4), BLOSUM62, "db.fa"), tmp_path / "db")
+    staging, registered = seen[0]
+    assert registered and staging.name.startswith(".db.swcli-") and staging.name.endswith(f"-{os.getpid()}.part")
+    assert list(tmp_path.iterdir()) == [] and str(staging) not in interrupt._temporaries
+    # exit_now itself, in a child: a registered folder with files in it is gone, the status 130
+    (tmp_path / "part").mkdir()
+    (tmp_path / "part" / "codes.u8").write_bytes(b"x")
+    child = subprocess.run([sys.executable, "-c", "import sys; from swcli import interrupt; "
+                            "interrupt.register_temporary(sys.argv[1]); interrupt.exit_now()", str(tmp_path / "part")],
+                           capture_output=True, text=True, timeout=60, env=subprocess_env())
+    assert child.returncode == 130 and not (tmp_path / "part").exists()
+
+
+def test_the_folders_of_a_dead_makedb_are_removed_by_the_next(tmp_path):
+    from swcli.output import temporary_name
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # a pid no process has now
+    left = tmp_path / temporary_name("db", int(dead))
+    alive = tmp_path / temporary_name("db", os.getppid())  # a makedb of the same name still writing
+    for folder in (left, alive):
+        folder.mkdir()
+        (folder / "codes.u8").write_bytes(b"x")
+    database.save(database.build(records(3, seed=4), BLOSUM62, "db.fa"), tmp_path / "db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["db", alive.name])
 
 
 def _edit_bytes(path, at: int, value: int) -> None:
@@ -175,12 +233,20 @@ def test_a_change_inside_the_alphabet_is_refused_by_the_kept_crc32(tmp_path, dam
         database.load(tmp_path / "db")
 
 
-def test_a_folder_from_before_the_crc32_loads(tmp_path):
-    db = database.build(records(4, seed=9), BLOSUM62, "db.fa")
-    database.save(db, tmp_path / "db")
-    _edit_meta(tmp_path / "db", crc32=None)  # as makedb wrote it before it kept them
-    older = database.load(tmp_path / "db")
-    assert older.ids == db.ids and np.array_equal(np.asarray(older.codes), db.codes)
+def test_a_folder_without_its_crc32_is_refused(tmp_path):
+    """One damaged key must not turn the checksums off: a changed code then goes unseen."""
+    database.save(database.build(records(4, seed=9), BLOSUM62, "db.fa"), tmp_path / "db")
+    _edit_meta(tmp_path / "db", crc32=None)
+    with pytest.raises(DatabaseError, match=r"meta\.json: its crc32 is not a CRC-32 for each of"):
+        database.load(tmp_path / "db")
+
+
+def test_a_folder_of_the_first_format_is_made_again(tmp_path):
+    database.save(database.build(records(4, seed=9), BLOSUM62, "db.fa"), tmp_path / "db")
+    _edit_meta(tmp_path / "db", format="swcli-database-1", unknown_as=None)
+    with pytest.raises(DatabaseError, match=r"format 'swcli-database-1', expected 'swcli-database-2'; prepare it "
+                                            r"again with swcli makedb$"):
+        database.load(tmp_path / "db")
 
 
 def test_alphabet_of_another_matrix_is_refused():
@@ -191,16 +257,43 @@ def test_alphabet_of_another_matrix_is_refused():
         db.check_alphabet(load_matrix("NUC.4.4"))
 
 
-def test_the_matrix_is_kept_with_the_folder_and_older_folders_still_load(tmp_path):
+def test_the_matrix_and_unknown_as_are_kept_with_the_folder(tmp_path):
     database.save(database.build(records(3, seed=7), BLOSUM62, "db.fa"), tmp_path / "db")
-    assert database.load(tmp_path / "db").matrix == "BLOSUM62"
-    meta = json.loads((tmp_path / "db" / "meta.json").read_text())
-    del meta["matrix"]  # as makedb wrote it before it kept the matrix's name
-    (tmp_path / "db" / "meta.json").write_text(json.dumps(meta))
-    older = database.load(tmp_path / "db")
-    assert older.matrix == "" and len(older) == 3
-    with pytest.raises(DatabaseError, match=r"encoded for the alphabet \S+, but the matrix NUC\.4\.4 has .*; prepare"):
-        older.check_alphabet(load_matrix("NUC.4.4"))
+    database.save(database.build(records(3, seed=7), BLOSUM62.with_unknown_as("X"), "db.fa"), tmp_path / "x")
+    plain, with_x = database.load(tmp_path / "db"), database.load(tmp_path / "x")
+    assert (plain.matrix, plain.unknown_as, with_x.matrix, with_x.unknown_as) == ("BLOSUM62", None, "BLOSUM62", "X")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"matrix": None}, r"meta\.json: matrix None, unknown_as None: not a matrix's name and a letter or null"),
+    ({"matrix": ""}, r"meta\.json: matrix '', unknown_as None"),
+    ({"unknown_as": None}, r"meta\.json: matrix 'BLOSUM62', unknown_as '': not"),
+    ({"unknown_as": "XX"}, r"meta\.json: matrix 'BLOSUM62', unknown_as 'XX': not"),
+])
+def test_a_folder_without_its_matrix_or_unknown_as_is_refused(tmp_path, changes, message):
+    database.save(database.build(records(3, seed=7), BLOSUM62, "db.fa"), tmp_path / "db")
+    _edit_meta(tmp_path / "db", **changes)
+    with pytest.raises(DatabaseError, match=message):
+        database.load(tmp_path / "db")
+
+
+def test_a_search_with_another_unknown_as_is_refused():
+    """The folder's codes for letters the matrix lacks are its --unknown-as: another one would score the
+    queries and the sequences by different rules."""
+    plain = database.build(records(3, seed=7), BLOSUM62, "db")
+    with_x = database.build(records(3, seed=7), BLOSUM62.with_unknown_as("X"), "xdb")
+    plain.check_unknown_as(BLOSUM62)
+    with_x.check_unknown_as(BLOSUM62.with_unknown_as("X"))
+    with pytest.raises(DatabaseError, match=r"^xdb: prepared with --unknown-as X, but this search has "
+                                            r"--unknown-as '\*'; search it with --unknown-as X, or prepare it again "
+                                            r"with the search's$"):
+        with_x.check_unknown_as(BLOSUM62.with_unknown_as("*"))
+    with pytest.raises(DatabaseError, match=r"^xdb: prepared with --unknown-as X, but this search has no "
+                                            r"--unknown-as; search it with --unknown-as X"):
+        with_x.check_unknown_as(BLOSUM62)
+    with pytest.raises(DatabaseError, match=r"^db: prepared with no --unknown-as, but this search has --unknown-as "
+                                            r"X; search it without --unknown-as, or"):
+        plain.check_unknown_as(BLOSUM62.with_unknown_as("X"))
 
 
 def test_ids_in_another_encoding_are_refused_with_the_line_byte_and_the_fix(tmp_path):
@@ -247,8 +340,8 @@ def test_the_hint_for_a_matrix_file_is_a_path_that_loads_or_none(tmp_path, monke
     assert "search it with" not in str(refused.value)
 
 
-def test_older_folders_naming_a_matrix_file_alone_get_a_hint_only_beside_it(tmp_path, monkeypatch):
-    """makedb once kept a matrix file's name without its folder: --matrix NAME loads it only from there."""
+def test_a_matrix_file_named_alone_gets_a_hint_only_beside_it(tmp_path, monkeypatch):
+    """A matrix file known by its name without its folder: --matrix NAME loads it only from there."""
     _matrix_file(tmp_path / "m" / "b62.mat")
     db = replace(database.build(records(3, seed=9), BLOSUM62, "db.fa"), matrix="b62.mat")
     monkeypatch.chdir(tmp_path)

@@ -442,6 +442,25 @@ def test_makedb_then_search_equals_search_of_the_fasta(search_files, tmp_path, c
     assert code == 0 and from_folder == from_fasta
 
 
+def test_a_folder_made_with_unknown_as_is_searched_with_the_same(tmp_path, capsys):
+    """The folder's unknown letters were encoded by its --unknown-as: the same one searches it as the FASTA
+    is searched, another is refused (it would score queries and sequences by different rules)."""
+    from swcli.testing import write_fasta
+
+    db = write_fasta(tmp_path / "db.fa", [("a", "ACDKLMW"), ("b", "ACJDEKLW")])
+    q = write_fasta(tmp_path / "q.fa", [("q", "ACJDEKLW")])
+    folder = str(tmp_path / "x")
+    assert cli(["makedb", db, folder, "--unknown-as", "X", "-q"], capsys)[0] == 0
+    search = ["search", q, "-t", "0", "--backend", "cpu", "--unknown-as"]
+    _, from_fasta, _ = cli([*search[:1], q, db, *search[2:], "X"], capsys)
+    code, from_folder, _ = cli([*search[:1], q, folder, *search[2:], "X"], capsys)
+    assert code == 0 and from_folder == from_fasta
+    code, out, err = cli([*search[:1], q, folder, *search[2:], "*"], capsys)
+    assert code == 1 and out == "" and err == (
+        f"swcli: error: {folder}: prepared with --unknown-as X, but this search has --unknown-as '*'; search it "
+        "with --unknown-as X, or prepare it again with the search's\n")
+
+
 def test_makedb_warns_of_repeated_ids(tmp_path, capsys):
     fasta = tmp_path / "dup.fa"
     fasta.write_text(">a\nMKV\n>b\nMKW\n>a\nMKL\n>c\nMK\n>b\nWW\n")
