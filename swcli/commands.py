@@ -631,9 +631,12 @@ def makedb(
         db = database.build_from_blocks(counted(read_blocks(fasta_path)), substitution, display_name(fasta_path),
                                         matrix_name)
     interrupt.check()
-    repeated = database.duplicate_ids(db)
-    if repeated is not None:
-        typer.echo(f"swcli: warning: {repeated}", err=True)
+    from swcli.scoring import NUCLEOTIDE_SAMPLE
+
+    for said in (database.duplicate_ids(db),
+                 substitution.nucleotide_warning(db.codes[:NUCLEOTIDE_SAMPLE], db.source)):
+        if said is not None:
+            typer.echo(f"swcli: warning: {said}", err=True)
     database.save(db, folder)
     typer.echo(f"{folder}: {len(db):,} sequences, {db.residues:,} residues", err=True)
 

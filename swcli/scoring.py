@@ -21,6 +21,9 @@ import numpy as np
 from swcli.errors import AlphabetError, MatrixError
 
 INVALID = 255
+AMINO_ACID_ONLY = "EFILPQ"  # letters that are no IUPAC nucleotide code: a matrix with them scores proteins
+NUCLEOTIDES = "ACGTUN"
+NUCLEOTIDE_SAMPLE = 1 << 22  # residues looked at for nucleotide_warning: enough to tell, and milliseconds
 FLOAT32_MAX = 3.4028234663852886e38  # larger magnitudes are inf in float32
 
 
@@ -211,6 +214,20 @@ class SubstitutionMatrix:
             f"{where()}: invalid letter {sequence[position]!r} at position {position + 1} "
             f"(not in the {self.name} alphabet {self.alphabet}{hint})"
         )
+
+    def nucleotide_warning(self, codes, source: str) -> str | None:
+        """A warning where a protein matrix is to score what look like nucleotides (at least 90% of 20 or
+        more residues A, C, G, T, U or N), else None: SSEARCH would take them for DNA from the composition;
+        here they would be scored as amino acids, and get E-values as such."""
+        if sum(letter in self.alphabet for letter in AMINO_ACID_ONLY) < 3:  # a nucleotide matrix
+            return None
+        counts = np.bincount(np.frombuffer(codes, dtype=np.uint8), minlength=256)
+        total = int(counts.sum())
+        nucleotides = sum(int(counts[self.table[ord(letter)]]) for letter in NUCLEOTIDES if letter in self.alphabet)
+        if total < 20 or nucleotides < 0.9 * total:
+            return None
+        return (f"{source}: {nucleotides / total:.0%} of its residues are A, C, G, T, U or N: nucleotides, scored "
+                f"as amino acids by {self.name}? (a nucleotide matrix: --matrix NUC.4.4)")
 
     def with_unknown_as(self, letter: str) -> SubstitutionMatrix:
         """A copy that encodes every letter outside the alphabet as `letter`."""

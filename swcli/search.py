@@ -821,14 +821,21 @@ def read_queries(queries: str, settings) -> tuple[list, list[bytes]]:
 def read_inputs(queries: str, database: str, settings, warn=None,
                 queries_read: tuple[list, list[bytes]] | None = None) -> tuple[list, list[bytes], Database]:
     """The query records and their codes (read_queries, or queries_read where the caller has them), and the
-    database. warn(text), if given, hears of database ids that repeat (their hits cannot be told apart)."""
+    database. warn(text), if given, hears of database ids that repeat (their hits cannot be told apart), and
+    of queries or a database that look like nucleotides under a protein matrix."""
     from swcli import database as databases
+    from swcli.fasta import display_name
+    from swcli.scoring import NUCLEOTIDE_SAMPLE
 
     records, codes = queries_read if queries_read is not None else read_queries(queries, settings)
     db = open_database(database, settings.matrix)
-    repeated = databases.duplicate_ids(db) if warn is not None else None
-    if repeated is not None:
-        warn(repeated)
+    if warn is not None:
+        query_sample = b"".join(codes)[:NUCLEOTIDE_SAMPLE]
+        for said in (databases.duplicate_ids(db),
+                     settings.matrix.nucleotide_warning(query_sample, display_name(queries)),
+                     settings.matrix.nucleotide_warning(db.codes[:NUCLEOTIDE_SAMPLE], db.source)):
+            if said is not None:
+                warn(said)
     return records, codes, db
 
 

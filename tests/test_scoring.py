@@ -244,3 +244,22 @@ def test_a_non_ascii_character_gets_no_unknown_as_hint():
         matrix.with_unknown_as("X").encode("ACÄD", lambda: "x.fa: record 1 (a)")
     with pytest.raises(AlphabetError, match=r"use --unknown-as X to score unknown letters as X\)$"):
         matrix.encode("ACJD", lambda: "x.fa: record 1 (a)")
+
+
+@pytest.mark.parametrize("matrix, sequence, warned", [
+    ("BLOSUM62", "ACGT" * 10, "100%"),
+    ("BLOSUM62", "acgtn" * 9 + "MKW" + "acgtn", "94%"),  # lower case counts
+    ("BLOSUM62", "ACGT" * 8 + "MKVLW", None),  # 86%: below the 90% rule
+    ("BLOSUM62", "ACGTACGTACGTACGTACG", None),  # 19 residues: too few to tell
+    ("PAM250", "GATTACA" * 5, "100%"),
+    ("NUC.4.4", "ACGT" * 10, None),  # a nucleotide matrix
+    ("BLOSUM62", "MKVLAWYPGHECDNQRSTIF" * 3, None),
+])
+def test_nucleotides_under_a_protein_matrix_are_warned_of(matrix, sequence, warned):
+    scoring = load_matrix(matrix)
+    said = scoring.nucleotide_warning(scoring.encode(sequence, lambda: "q"), "q.fa")
+    if warned is None:
+        assert said is None
+    else:
+        assert said == (f"q.fa: {warned} of its residues are A, C, G, T, U or N: nucleotides, scored as amino "
+                        f"acids by {scoring.name}? (a nucleotide matrix: --matrix NUC.4.4)")

@@ -461,6 +461,25 @@ def test_a_folder_made_with_unknown_as_is_searched_with_the_same(tmp_path, capsy
         "with --unknown-as X, or prepare it again with the search's\n")
 
 
+def test_nucleotides_under_a_protein_matrix_are_warned_of(tmp_path, capsys):
+    """SSEARCH takes such sequences for DNA; here BLOSUM62 would score them as amino acids: said once
+    for the queries, once for the database, and by makedb; the rows are still written."""
+    from swcli.testing import write_fasta
+
+    dna = write_fasta(tmp_path / "dna.fa", [("n0", "ACGTTGCAGGCTAACGTTAGC"), ("n1", "GATTACAGATTACA")])
+    protein = write_fasta(tmp_path / "p.fa", [("p0", "MKVLAWYPGHECDNQRSTIF"), ("p1", "ACDKLMW")])
+    warned = "of its residues are A, C, G, T, U or N: nucleotides, scored as amino acids by BLOSUM62?"
+    code, out, err = cli(["search", dna, protein, "-t", "0", "--backend", "cpu", "-q"], capsys)
+    assert code == 0 and out.count("\n") == 5
+    assert err == f"swcli: warning: {dna}: 100% {warned} (a nucleotide matrix: --matrix NUC.4.4)\n"
+    code, out, err = cli(["search", protein, dna, "-t", "0", "--backend", "cpu", "-q"], capsys)
+    assert code == 0 and err.count("\n") == 1 and f"warning: {dna}: 100% {warned}" in err
+    code, _, err = cli(["makedb", dna, str(tmp_path / "db"), "-q"], capsys)
+    assert code == 0 and err.startswith(f"swcli: warning: {dna}: 100% {warned}")
+    code, _, err = cli(["search", dna, dna, "-t", "0", "--backend", "cpu", "-q", "--matrix", "NUC.4.4"], capsys)
+    assert code == 0 and err == ""
+
+
 def test_makedb_warns_of_repeated_ids(tmp_path, capsys):
     fasta = tmp_path / "dup.fa"
     fasta.write_text(">a\nMKV\n>b\nMKW\n>a\nMKL\n>c\nMK\n>b\nWW\n")
