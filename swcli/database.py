@@ -100,9 +100,13 @@ class Database:
         )
 
     def check_unknown_as(self, matrix: SubstitutionMatrix) -> None:
-        """The codes of letters the matrix lacks are the folder's --unknown-as: a search with another one
-        would score its queries and the database's sequences by different rules."""
-        if matrix.unknown_as == self.unknown_as:
+        """The codes of letters the matrix lacks are the folder's --unknown-as: a search with another one, or
+        none, would score its queries and the database's sequences by different rules. (A folder made without
+        one holds no such letter, so any search's is its own.)"""
+        def code(letter):
+            return matrix.table[ord(letter)] if letter else None
+
+        if self.unknown_as is None or code(matrix.unknown_as) == code(self.unknown_as):
             return
         def said(letter):
             return f"--unknown-as {shlex.quote(letter)}" if letter else "no --unknown-as"
@@ -115,7 +119,7 @@ class Database:
 
 def _matrix_option(spec: str, alphabet: str, scores=None) -> str | None:
     """`spec` quoted for a shell if --matrix spec loads, here, a matrix of `alphabet` (and `scores` when given);
-    else None. A file named without its folder (older folders, a matrix's own name) loads only from beside it."""
+    else None. A file named without its folder (a search's --matrix) loads only from beside it."""
     if not spec:
         return None
     try:
@@ -202,9 +206,18 @@ def save(database: Database, folder: str | Path) -> None:
     parent = check_new_folder(folder)
     remove_stale_temporaries(str(parent), folder.name)
     staging = parent / temporary_name(folder.name)
+    if interrupt.is_registered(str(staging)):
+        raise DatabaseError(f"{folder}: this process is writing it already")
     interrupt.register_temporary(str(staging))
     try:
-        os.mkdir(staging, 0o700)
+        try:
+            os.mkdir(staging, 0o700)
+        except FileExistsError:  # this pid's, so left by a dead process of the same pid
+            if staging.is_dir() and not staging.is_symlink():
+                shutil.rmtree(staging)
+            else:
+                os.unlink(staging)
+            os.mkdir(staging, 0o700)
     except OSError as exc:
         interrupt.unregister_temporary(str(staging))
         raise DatabaseError(f"{folder}: cannot create it ({exc.strerror})") from None

@@ -106,6 +106,11 @@ def register_temporary(path: str) -> None:
     _temporaries.append(path)
 
 
+def is_registered(path: str) -> bool:
+    """Whether `path` is a temporary of this process still being written."""
+    return path in _temporaries
+
+
 def unregister_temporary(path: str) -> None:
     try:
         _temporaries.remove(path)

@@ -95,7 +95,8 @@ def _hostname() -> str:
 
 def temporary_name(target_name: str, pid: int | None = None) -> str:
     """The temporary file's name for a target file name: `.NAME.swcli-HOST-PID.part`."""
-    return f".{target_name[:128]}.swcli-{_hostname()}-{os.getpid() if pid is None else pid}.part"
+    name = os.fsencode(target_name)[:128].decode(errors="ignore")  # 128 bytes: the name's limit is 255 bytes
+    return f".{name}.swcli-{_hostname()}-{os.getpid() if pid is None else pid}.part"
 
 
 def _alive(pid: int) -> bool:
