@@ -77,6 +77,31 @@ def test_the_kernel_is_its_model_and_float64(kernel, gaps):
     np.testing.assert_allclose(scores, reference.numpy(), rtol=2e-6, atol=2e-6)
 
 
+@pytest.mark.parametrize("name, letters", [("NUC.4.4", "ACGTN"), ("JOHNSON", "ACDEFGHIKLMNPQRSTVWY")])
+@GAPS
+def test_alphabets_past_batches_of_8_letters(kernel, gaps, name, letters):
+    """The profile's fill takes the letters 8 at a time, then one by one: 15 (NUC.4.4) and 20 letters
+    (JOHNSON) take that last loop, which BLOSUM62's 24 never do; the scores are the model's and within
+    2e-6 of the float64 engine."""
+    matrix = load_matrix(name)
+    rng = random.Random(71)
+    query = "".join(rng.choice(letters) for _ in range(70))
+    sequences = [query[5:60], "", letters[0]] + ["".join(rng.choice(letters) for _ in range(rng.randint(1, 200)))
+                                                 for _ in range(12)]
+    targets, lengths = padded_encoded(matrix, sequences)
+    q = encoded(matrix, query)
+    plan = SoftSearch.plan(matrix.tensor(), 1.0, **gaps)
+    scores, flagged = kernel.scores(q, targets, lengths, plan)
+    expected, model_flags = soft_search_model(q, targets, lengths, plan)
+    assert flagged == 0 and not model_flags.any()
+    np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-7)
+    dense = matrix.tensor().double()[torch.from_numpy(q).long()[None, :, None],
+                                     torch.from_numpy(targets).long()[:, None, :]]
+    reference = soft_smith_waterman(dense, gaps["gap"], 1.0, None, torch.from_numpy(lengths), backend="cpu",
+                                    gap_open=gaps["gap_open"], gap_extend=gaps["gap_extend"])
+    np.testing.assert_allclose(scores, reference.numpy(), rtol=2e-6, atol=2e-6)
+
+
 @GAPS
 def test_a_score_has_the_same_bits_whatever_its_neighbours(kernel, gaps):
     """A warp takes targets one after another, a whole lane each R columns (linear 32, affine 24): the
