@@ -229,9 +229,9 @@ def _with_unknown_as(substitution, letter: str):
 
 
 def _columns(format_output: str, lambda_: Optional[float], k: Optional[float], alpha: Optional[float] = None,
-             beta: Optional[float] = None, rank: Rank = Rank.score) -> tuple[str, ...]:
-    """--format-output's columns, and --lambda/--k/--alpha/--beta checked against them and --rank (usage
-    errors, exit 2)."""
+             beta: Optional[float] = None, rank: Rank = Rank.score, cutoff: bool = False) -> tuple[str, ...]:
+    """--format-output's columns, and --lambda/--k/--alpha/--beta checked against them, --rank and
+    --max-evalue (cutoff) (usage errors, exit 2)."""
     from swcli.details import parse_columns
     from swcli.scoring import _usage_error
 
@@ -247,27 +247,28 @@ def _columns(format_output: str, lambda_: Optional[float], k: Optional[float], a
             raise typer.BadParameter(f"{value} is not a finite number > 0", param_hint=f"'{option}'")
     if beta is not None and not math.isfinite(beta):
         raise typer.BadParameter(f"{beta} is not a finite number", param_hint="'--beta'")
-    if lambda_ is not None and not statistics_needed(columns, rank):
-        raise _usage_error("--lambda and --k are used only by the evalue and bits columns of --format-output "
-                           "and by --rank evalue")
+    if lambda_ is not None and not statistics_needed(columns, rank, cutoff):
+        raise _usage_error("--lambda and --k are used only by the evalue and bits columns of --format-output, "
+                           "by --rank evalue and by --max-evalue")
     return columns
 
 
-def statistics_needed(columns: tuple[str, ...], rank) -> bool:
-    """Whether the columns or --rank evalue need lambda and K."""
+def statistics_needed(columns: tuple[str, ...], rank, cutoff: bool = False) -> bool:
+    """Whether the columns, --rank evalue or --max-evalue (cutoff) need lambda and K."""
     from swcli.details import STATISTICS_COLUMNS
 
-    return bool(STATISTICS_COLUMNS & set(columns)) or rank is Rank.evalue
+    return bool(STATISTICS_COLUMNS & set(columns)) or rank is Rank.evalue or cutoff
 
 
 def _statistics(columns: tuple[str, ...], settings, lambda_: Optional[float], k: Optional[float],
-                alpha: Optional[float], beta: Optional[float], quiet: bool, rank: Rank = Rank.score, group=None):
+                alpha: Optional[float], beta: Optional[float], quiet: bool, rank: Rank = Rank.score, group=None,
+                cutoff: bool = False):
     """lambda, K and the length correction (given, cached or estimated now, by rank 0 of a distributed
-    group and shared) where the evalue or bits columns or --rank evalue need them, else None; their
-    values go to stderr unless --quiet."""
+    group and shared) where the evalue or bits columns, --rank evalue or --max-evalue (cutoff) need them,
+    else None; their values go to stderr unless --quiet."""
     from swcli import distributed
 
-    if not statistics_needed(columns, rank):
+    if not statistics_needed(columns, rank, cutoff):
         return None
     from swcli.statistics import parameters, setting_name
 
@@ -531,6 +532,11 @@ def search(
                        "The E-value weighs the target's length: a shorter target can have the smaller E-value "
                        "at a lower score. evalue needs lambda and K (estimated once per setting, or --lambda "
                        "and --k).")] = Rank.score,
+    max_evalue: Annotated[Optional[float], typer.Option(
+        "--max-evalue", min=0.0, help="Leave out the hits whose E-value is above this, as SSEARCH's -E (its "
+                                      "default 10); --top still caps the hits of a query, so give a larger one "
+                                      "to have every hit under it. Needs lambda and K, as evalue does.",
+        show_default=False)] = None,
     distributed_: DistributedOpt = Distributed.auto,
     stats_: StatsOpt = False,
 ):
@@ -540,7 +546,7 @@ def search(
     from functools import partial
 
     from swcli import _host, distributed
-    from swcli.search import check_inputs, read_queries, run_search
+    from swcli.search import EvalueCutoff, check_inputs, read_queries, run_search
 
     check_inputs(queries, database)
     inputs = [("QUERIES", queries), ("DATABASE", database), ("--matrix", matrix)]
@@ -549,7 +555,10 @@ def search(
 
         inputs += [(f"DATABASE's {name}", os.path.join(database, name)) for name in FILES]
     refuse_output_over_inputs(output, inputs)
-    columns = _columns(format_output, lambda_, k, alpha, beta, rank)
+    cutoff = max_evalue is not None
+    if cutoff and math.isnan(max_evalue):
+        raise typer.BadParameter("nan is not a number >= 0", param_hint="'--max-evalue'")
+    columns = _columns(format_output, lambda_, k, alpha, beta, rank, cutoff)
     group = distributed.start((queries, database), distributed_.value, quiet)  # None unless started by torchrun
     quiet = quiet or not distributed.is_leader(group)
     with distributed.phase(group):
@@ -558,9 +567,9 @@ def search(
         settings = _settings(matrix, unknown_as, gap, temperature, backend, gap_open, gap_extend)
         _host.load()
         # read now where lambda and K are needed: a bad query is said at once, not after their estimate
-        queries_read = read_queries(queries, settings) if statistics_needed(columns, rank) else None
+        queries_read = read_queries(queries, settings) if statistics_needed(columns, rank, cutoff) else None
     distributed.check_engine(group, settings)
-    statistics = _statistics(columns, settings, lambda_, k, alpha, beta, quiet, rank, group)
+    statistics = _statistics(columns, settings, lambda_, k, alpha, beta, quiet, rank, group, cutoff)
     formatter = _formatter(columns, settings, statistics)
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
     run = run_search if group is None else partial(distributed.run_search, group)
@@ -568,7 +577,8 @@ def search(
         done = run(queries, database, settings, output, top=top, header=header, max_bytes=max_memory,
                    progress=lambda total: _progress_bar(quiet, "query", total), formatter=formatter,
                    rank=statistics if rank is Rank.evalue else None,
-                   warn=lambda text: typer.echo(f"swcli: warning: {text}", err=True), queries_read=queries_read)
+                   warn=lambda text: typer.echo(f"swcli: warning: {text}", err=True), queries_read=queries_read,
+                   cutoff=EvalueCutoff(statistics, max_evalue) if cutoff else None)
     except BrokenPipeError:
         _reader_left()
     if stats_ and distributed.is_leader(group):

@@ -704,7 +704,7 @@ def shard_bounds(offsets: np.ndarray, size: int) -> list[tuple[int, int]]:
 
 def run_search(group: Group, queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
                header: bool = True, max_bytes: int | None = None, progress=None, formatter=None, rank=None,
-               warn=None, queries_read=None):
+               warn=None, queries_read=None, cutoff=None):
     """search.run_search shared by the ranks of `group`: the same arguments and output (warn: rank 0's)."""
     from swcli.output import COLUMNS, TsvWriter
     from swcli.search import (DEFAULT_MAX_BYTES, HitRows, Searcher, SearchStats, check_inputs, read_inputs,
@@ -730,7 +730,7 @@ def run_search(group: Group, queries: str, database: str, settings, output: str 
             if group.leader:
                 bar = stack.enter_context(progress(len(records))) if progress else None
                 out = stack.enter_context(TsvWriter(output, header, formatter.columns if formatter else COLUMNS))
-                rows_of = HitRows(db, formatter)
+                rows_of = HitRows(db, formatter, cutoff)
                 stack.callback(lambda: rows_of.close(finished))  # the details' worker: waited for once done
         group.connect(searcher.device)
 

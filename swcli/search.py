@@ -62,6 +62,25 @@ class Hits:
     evalues: np.ndarray | None = None  # (k,) float64, ascending: hits ranked by E-value
 
 
+@dataclass(frozen=True)
+class EvalueCutoff:
+    """--max-evalue (SSEARCH's -E): the hits of a query whose E-value passes `limit` are left out of its
+    rows. statistics: the statistics.KarlinAltschul of the evalue column, so that a kept row never prints
+    an E-value above the limit."""
+
+    statistics: object
+    limit: float
+
+    def within(self, found: Hits, query_length: int, target_lengths: np.ndarray, searched: int) -> Hits:
+        evalues = found.evalues if found.evalues is not None else self.statistics.evalues(
+            found.scores.numpy().astype(np.float32), query_length, target_lengths, searched)
+        keep = evalues <= self.limit
+        if keep.all():
+            return found
+        kept = torch.from_numpy(np.flatnonzero(keep))
+        return Hits(found.scores[kept], found.targets[kept], found.evalues[keep] if found.evalues is not None else None)
+
+
 @dataclass
 class SearchStats:
     """What a search did, for the progress bar and benchmarks. cells: qlen x tlen summed over every
@@ -718,8 +737,8 @@ class HitRows:
     tuples, or with a details.Formatter its columns (bytes), formatted in a worker thread while the next
     queries are scored (details.InOrder)."""
 
-    def __init__(self, db: Database, formatter=None):
-        self.db, self.formatter = db, formatter
+    def __init__(self, db: Database, formatter=None, cutoff: EvalueCutoff | None = None):
+        self.db, self.formatter, self.cutoff = db, formatter, cutoff
         self.length_of = np.empty(len(db), dtype=np.int64)
         self.length_of[db.index] = db.lengths
         self.position_of = self.background = None  # the length order of each database sequence, for the details
@@ -739,6 +758,8 @@ class HitRows:
 
             k = int(torch.nonzero(~finite)[0])
             raise overflow_error(query.id, self.db.ids[int(found.targets[k])], float(found.scores[k]))
+        if self.cutoff is not None:
+            found = self.cutoff.within(found, len(query.sequence), self.length_of[found.targets.numpy()], len(self.db))
         if self.background is not None:
             from swcli.details import hit_detail_rows
 
@@ -765,7 +786,8 @@ def write_hits(writer, rows) -> None:
 
 
 def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: int,
-                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None, formatter=None, rank=None):
+                max_bytes: int = DEFAULT_MAX_BYTES, stats: SearchStats | None = None, formatter=None, rank=None,
+                cutoff: EvalueCutoff | None = None):
     """TSV rows (query, target, qlen, tlen, score) of each query's best `top` hits, in query order; with
     a details.Formatter, each query's rows of its columns, formatted (bytes).
 
@@ -773,11 +795,12 @@ def search_rows(queries, query_codes: list[bytes], db: Database, settings, top: 
     before any output); settings: the pipeline's Settings (matrix, gaps, temperature, backend). The
     scoring runs in a worker thread, waited for in short steps (pipeline.wait_for), so a signal is
     honoured while an engine call runs; stats, if given, counts the queries, cells and kernel time. rank:
-    a statistics.KarlinAltschul to keep and write the hits by E-value (None: by score)."""
+    a statistics.KarlinAltschul to keep and write the hits by E-value (None: by score). cutoff: the hits
+    written are those of the best `top` within it (HitRows)."""
     from swcli.pipeline import counted_call, scoring_pool, wait_for
 
     stats = stats if stats is not None else SearchStats()
-    rows_of = HitRows(db, formatter)
+    rows_of = HitRows(db, formatter, cutoff)
     searcher = Searcher(db, settings.matrix.tensor(), settings.gap, settings.temperature, top, settings.backend,
                         settings.device, max_bytes=max_bytes, gap_open=settings.gap_open,
                         gap_extend=settings.gap_extend, rank=rank)
@@ -842,7 +865,7 @@ def read_inputs(queries: str, database: str, settings, warn=None,
 def run_search(queries: str, database: str, settings, output: str | None = None, *, top: int = 10,
                header: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, progress=None,
                formatter=None, rank=None, warn=None,
-               queries_read: tuple[list, list[bytes]] | None = None) -> SearchStats:
+               queries_read: tuple[list, list[bytes]] | None = None, cutoff: EvalueCutoff | None = None) -> SearchStats:
     """`swcli search` as a function: read and check the queries, open the database (a FASTA file or a
     makedb folder), search, write the TSV to `output` (None: stdout). settings: the pipeline's Settings,
     its engine already loaded, so that start-up stays out of the returned SearchStats (seconds run from
@@ -850,7 +873,8 @@ def run_search(queries: str, database: str, settings, output: str | None = None,
     formatter: a details.Formatter for other columns than the default ones (computed for the hits only);
     rank: a statistics.KarlinAltschul to keep and write each query's hits by E-value (None: by score).
     warn(text): told of the database's repeated ids (read_inputs). queries_read: read_queries(queries,
-    settings) where the caller already read them (their reading is then not in the seconds)."""
+    settings) where the caller already read them (their reading is then not in the seconds). cutoff: an
+    EvalueCutoff the hits written are within."""
     from contextlib import nullcontext
 
     from swcli.output import COLUMNS, TsvWriter
@@ -862,7 +886,7 @@ def run_search(queries: str, database: str, settings, output: str | None = None,
     interrupt.check()
     columns = formatter.columns if formatter is not None else COLUMNS
     with (progress(len(records)) if progress else nullcontext()) as bar, TsvWriter(output, header, columns) as writer:
-        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats, formatter, rank):
+        for rows in search_rows(records, codes, db, settings, top, max_bytes, stats, formatter, rank, cutoff):
             write_hits(writer, rows)
             if bar is not None:
                 bar.update(1)

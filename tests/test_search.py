@@ -637,6 +637,31 @@ def test_search_rank_evalue_on_the_command_line(search_files, capsys):
                if a[0] == b[0])
 
 
+@pytest.mark.parametrize("rank", ["score", "evalue"])
+def test_max_evalue_keeps_the_rows_within_it(search_files, capsys, rank):
+    """--max-evalue (SSEARCH's -E): of each query's best --top hits, the rows whose E-value is at most the
+    limit, as they are without it; with the default columns too (the E-value is computed all the same)."""
+    from swcli.testing import read_tsv
+
+    q, db = search_files
+    statistics = ["--lambda", "0.27", "--k", "0.04"]
+    common = ["search", q, db, "-k", "20", "--rank", rank, "-t", "0", "--gap-open", "-12", "--gap-extend", "-1",
+              "--backend", "cpu", "-q", *statistics]
+    columns = ["--format-output", "query,target,qlen,tlen,score,evalue"]
+    _, every, _ = cli([*common, *columns], capsys)
+    evalues = sorted(float(row[5]) for row in read_tsv(every)[1:])
+    limit = evalues[len(evalues) // 3]  # a limit some rows pass and most do not
+    within = [row for row in read_tsv(every)[1:] if float(row[5]) <= limit]
+    assert 0 < len(within) < len(evalues)
+    code, out, err = cli([*common, *columns, "--max-evalue", repr(limit)], capsys)
+    assert code == 0 and err == "" and read_tsv(out)[1:] == within
+    code, plain, _ = cli([*common, "--max-evalue", repr(limit)], capsys)
+    assert code == 0 and read_tsv(plain) == [row[:5] for row in read_tsv(out)]
+    assert cli([*common, "--max-evalue", "-1"], capsys)[0] == 2
+    code, _, err = cli(["search", q, db, "-t", "0", "--backend", "cpu", "--lambda", "0.27", "--k", "0.04"], capsys)
+    assert code == 2 and "by --rank evalue and by --max-evalue" in err
+
+
 def test_search_of_an_empty_database_folder_writes_no_hits(search_files, tmp_path, capsys):
     """An empty database (saved by the library; makedb refuses a FASTA without records): a header only, with
     E-values too (nothing searched: no hit and no E-value to compute)."""
