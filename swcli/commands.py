@@ -262,7 +262,7 @@ def statistics_needed(columns: tuple[str, ...], rank, cutoff: bool = False) -> b
 
 def _statistics(columns: tuple[str, ...], settings, lambda_: Optional[float], k: Optional[float],
                 alpha: Optional[float], beta: Optional[float], quiet: bool, rank: Rank = Rank.score, group=None,
-                cutoff: bool = False):
+                cutoff: bool = False, database_sequences: Optional[int] = None):
     """lambda, K and the length correction (given, cached or estimated now, by rank 0 of a distributed
     group and shared) where the evalue or bits columns, --rank evalue or --max-evalue (cutoff) need them,
     else None; their values go to stderr unless --quiet."""
@@ -273,6 +273,10 @@ def _statistics(columns: tuple[str, ...], settings, lambda_: Optional[float], k:
     from swcli.statistics import parameters, setting_name
 
     found = distributed.shared(group, lambda: parameters(settings, lambda_, k, alpha=alpha, beta=beta))
+    if database_sequences is not None:
+        from dataclasses import replace
+
+        found = replace(found, database_sequences=database_sequences)
     if not quiet:
         typer.echo(f"swcli: Karlin-Altschul {found.describe()} for {setting_name(settings)}", err=True)
     return found
@@ -537,6 +541,11 @@ def search(
                                       "default 10); --top still caps the hits of a query, so give a larger one "
                                       "to have every hit under it. Needs lambda and K, as evalue does.",
         show_default=False)] = None,
+    db_sequences: Annotated[Optional[int], typer.Option(
+        "--db-sequences", min=1, help="Count E-values for this many database sequences instead of the "
+                                      "database's own, as SSEARCH's -Z: for a database searched in parts, "
+                                      "give the whole's count. With evalue, --rank evalue or --max-evalue.",
+        show_default=False)] = None,
     distributed_: DistributedOpt = Distributed.auto,
     stats_: StatsOpt = False,
 ):
@@ -559,6 +568,11 @@ def search(
     if cutoff and math.isnan(max_evalue):
         raise typer.BadParameter("nan is not a number >= 0", param_hint="'--max-evalue'")
     columns = _columns(format_output, lambda_, k, alpha, beta, rank, cutoff)
+    if db_sequences is not None and not ("evalue" in columns or rank is Rank.evalue or cutoff):
+        from swcli.scoring import _usage_error
+
+        raise _usage_error("--db-sequences counts E-values: it goes with the evalue column of --format-output, "
+                           "--rank evalue or --max-evalue")
     group = distributed.start((queries, database), distributed_.value, quiet)  # None unless started by torchrun
     quiet = quiet or not distributed.is_leader(group)
     with distributed.phase(group):
@@ -569,7 +583,7 @@ def search(
         # read now where lambda and K are needed: a bad query is said at once, not after their estimate
         queries_read = read_queries(queries, settings) if statistics_needed(columns, rank, cutoff) else None
     distributed.check_engine(group, settings)
-    statistics = _statistics(columns, settings, lambda_, k, alpha, beta, quiet, rank, group, cutoff)
+    statistics = _statistics(columns, settings, lambda_, k, alpha, beta, quiet, rank, group, cutoff, db_sequences)
     formatter = _formatter(columns, settings, statistics)
     interrupt.check()  # the imports and the builds are done: a signal now ends the run here
     run = run_search if group is None else partial(distributed.run_search, group)

@@ -105,6 +105,9 @@ class KarlinAltschul:
     source: str  # how they were obtained, for the report line
     alpha: float | None = None  # the length correction's alpha and beta (BLAST's units); None: no correction
     beta: float | None = None
+    # The database sequences an E-value counts in place of those searched (SSEARCH's -Z): a database searched
+    # in parts gets the E-values of the whole. None: those searched.
+    database_sequences: int | None = None
 
     @property
     def corrected(self) -> bool:
@@ -128,6 +131,8 @@ class KarlinAltschul:
         Where the length adjustment is capped, K m' n' is max(m, n) itself: pairs of one score there have
         the same E-value to the bit, so --rank evalue keeps them in database order."""
         m, n, l, capped = self._adjustment(query_lengths, target_lengths)
+        if self.database_sequences is not None:
+            searched = self.database_sequences
         if searched <= 0:  # nothing searched: E = 0
             return np.full(m.shape, -math.inf)
         with np.errstate(divide="ignore"):
@@ -144,7 +149,9 @@ class KarlinAltschul:
     def describe(self) -> str:
         correction = (f", length correction alpha {self.alpha:.4g}, beta {self.beta:.4g}" if self.corrected
                       else ", no length correction")
-        return f"lambda {self.lambda_:.4g}, K {self.k:.4g}{correction} ({self.source})"
+        counted = (f"; E-values for {self.database_sequences:,} database sequences (given)"
+                   if self.database_sequences is not None else "")
+        return f"lambda {self.lambda_:.4g}, K {self.k:.4g}{correction} ({self.source}){counted}"
 
 
 class EvalueRanking:

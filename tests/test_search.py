@@ -662,6 +662,25 @@ def test_max_evalue_keeps_the_rows_within_it(search_files, capsys, rank):
     assert code == 2 and "by --rank evalue and by --max-evalue" in err
 
 
+def test_db_sequences_counts_the_evalues_for_a_whole_database(search_files, capsys):
+    """--db-sequences N (SSEARCH's -Z): each E-value N / 43 times the one for the 43 sequences searched,
+    the same hits and order; it goes only with what counts E-values."""
+    from swcli.testing import read_tsv
+
+    q, db = search_files
+    common = ["search", q, db, "-k", "5", "-t", "0", "--gap-open", "-12", "--gap-extend", "-1", "--backend", "cpu",
+              "--lambda", "0.27", "--k", "0.04", "--rank", "evalue", "--format-output", "query,target,score,evalue"]
+    _, searched, _ = cli(common, capsys)
+    code, whole, err = cli([*common, "--db-sequences", "43000"], capsys)
+    assert code == 0 and "E-values for 43,000 database sequences (given)" in err
+    mine, theirs = read_tsv(whole)[1:], read_tsv(searched)[1:]
+    assert [row[:3] for row in mine] == [row[:3] for row in theirs]
+    assert [float(row[3]) for row in mine] == pytest.approx([1000 * float(row[3]) for row in theirs], rel=2e-2)
+    code, _, err = cli(["search", q, db, "-t", "0", "--backend", "cpu", "--db-sequences", "5"], capsys)
+    assert code == 2 and "--db-sequences counts E-values" in err
+    assert cli([*common, "--db-sequences", "0"], capsys)[0] == 2
+
+
 def test_search_of_an_empty_database_folder_writes_no_hits(search_files, tmp_path, capsys):
     """An empty database (saved by the library; makedb refuses a FASTA without records): a header only, with
     E-values too (nothing searched: no hit and no E-value to compute)."""
