@@ -108,13 +108,10 @@ class Database:
 
         if self.unknown_as is None or code(matrix.unknown_as) == code(self.unknown_as):
             return
-        def said(letter):
-            return f"--unknown-as {shlex.quote(letter)}" if letter else "no --unknown-as"
-        instead = f"with --unknown-as {shlex.quote(self.unknown_as)}" if self.unknown_as else "without --unknown-as"
-        raise DatabaseError(
-            f"{self.source}: prepared with {said(self.unknown_as)}, but this search has {said(matrix.unknown_as)}; "
-            f"search it {instead}, or prepare it again with the search's"
-        )
+        folder = f"--unknown-as {shlex.quote(self.unknown_as)}"
+        search = f"--unknown-as {shlex.quote(matrix.unknown_as)}" if matrix.unknown_as else "no --unknown-as"
+        raise DatabaseError(f"{self.source}: prepared with {folder}, but this search has {search}; search it with "
+                            f"{folder}, or prepare it again as this search encodes")
 
 
 def _matrix_option(spec: str, alphabet: str, scores=None) -> str | None:

@@ -321,7 +321,7 @@ def test_a_search_with_another_unknown_as_is_refused():
     with_x.check_unknown_as(BLOSUM62.with_unknown_as("x"))  # the same code
     with pytest.raises(DatabaseError, match=r"^xdb: prepared with --unknown-as X, but this search has "
                                             r"--unknown-as '\*'; search it with --unknown-as X, or prepare it again "
-                                            r"with the search's$"):
+                                            r"as this search encodes$"):
         with_x.check_unknown_as(BLOSUM62.with_unknown_as("*"))
     with pytest.raises(DatabaseError, match=r"^xdb: prepared with --unknown-as X, but this search has no "
                                             r"--unknown-as; search it with --unknown-as X"):

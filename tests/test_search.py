@@ -458,7 +458,7 @@ def test_a_folder_made_with_unknown_as_is_searched_with_the_same(tmp_path, capsy
     code, out, err = cli([*search[:1], q, folder, *search[2:], "*"], capsys)
     assert code == 1 and out == "" and err == (
         f"swcli: error: {folder}: prepared with --unknown-as X, but this search has --unknown-as '*'; search it "
-        "with --unknown-as X, or prepare it again with the search's\n")
+        "with --unknown-as X, or prepare it again as this search encodes\n")
 
 
 def test_nucleotides_under_a_protein_matrix_are_warned_of(tmp_path, capsys):
