@@ -564,9 +564,7 @@ def search(
 
         inputs += [(f"DATABASE's {name}", os.path.join(database, name)) for name in FILES]
     refuse_output_over_inputs(output, inputs)
-    cutoff = max_evalue is not None
-    if cutoff and math.isnan(max_evalue):
-        raise typer.BadParameter("nan is not a number >= 0", param_hint="'--max-evalue'")
+    cutoff = max_evalue is not None  # (NaN fails the option's min=0 before this)
     columns = _columns(format_output, lambda_, k, alpha, beta, rank, cutoff)
     if db_sequences is not None and not ("evalue" in columns or rank is Rank.evalue or cutoff):
         from swcli.scoring import _usage_error

@@ -31,7 +31,7 @@ import numpy as np
 from swcli import interrupt
 from swcli.errors import DatabaseError, SwcliError
 from swcli.fasta import FastaRecord, Records, gather_ranges
-from swcli.output import remove_stale_temporaries, temporary_name
+from swcli.output import create_temporary, temporary_name
 from swcli.scoring import SubstitutionMatrix, load_matrix
 
 # 2: meta.json always keeps the CRC-32s, the matrix and --unknown-as (1 could lack the first two, and
@@ -201,23 +201,13 @@ def save(database: Database, folder: str | Path) -> None:
     """Write the database into `folder` (created; an existing folder is refused, never overwritten)."""
     folder = Path(folder)
     parent = check_new_folder(folder)
-    remove_stale_temporaries(str(parent), folder.name)
-    staging = parent / temporary_name(folder.name)
-    if interrupt.is_registered(str(staging)):
+    if interrupt.is_registered(str(parent / temporary_name(folder.name))):
         raise DatabaseError(f"{folder}: this process is writing it already")
-    interrupt.register_temporary(str(staging))
     try:
-        try:
-            os.mkdir(staging, 0o700)
-        except FileExistsError:  # this pid's, so left by a dead process of the same pid
-            if staging.is_dir() and not staging.is_symlink():
-                shutil.rmtree(staging)
-            else:
-                os.unlink(staging)
-            os.mkdir(staging, 0o700)
+        staging, _ = create_temporary(str(parent), folder.name, lambda path: os.mkdir(path, 0o700))
     except OSError as exc:
-        interrupt.unregister_temporary(str(staging))
         raise DatabaseError(f"{folder}: cannot create it ({exc.strerror})") from None
+    staging = Path(staging)
     try:
         ids = "".join(f"{i}\n" for i in database.ids).encode("utf-8")
         checksums = {"codes.u8": _write_array(staging / "codes.u8", database.codes, "<u1"),

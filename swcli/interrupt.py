@@ -75,10 +75,7 @@ def exit_now() -> None:
     """End the process as interrupted: temporary outputs removed, one line on stderr, status 130."""
     for path in list(_temporaries):
         try:
-            if os.path.isdir(path) and not os.path.islink(path):  # makedb's folder being written
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                os.unlink(path)
+            remove(path)
         except OSError:
             pass
     try:  # complete lines of verify's or bench's report; align's rows are flushed as they are written
@@ -98,6 +95,14 @@ def check() -> None:
     """A point where a recorded signal ends the run (inside a protected section, where it waited)."""
     if _received is not None:
         exit_now()
+
+
+def remove(path: str) -> None:
+    """Remove a temporary: a file (or a link, never followed), or a folder with what it holds."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 def register_temporary(path: str) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import stat
 import struct
 import sys
@@ -123,14 +122,30 @@ def remove_stale_temporaries(folder: str, target_name: str) -> list[str]:
         pid = entry.name[len(prefix): -len(".part")]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             try:
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
+                interrupt.remove(entry.path)
                 removed.append(entry.path)
             except OSError:
                 pass
     return removed
+
+
+def create_temporary(folder: str, target_name: str, create):
+    """(path, create(path)) for the temporary of `target_name` in `folder`, registered with the signal
+    handler before it exists: those of dead processes removed first, and one of this pid (a dead process's
+    of the same pid) replaced. create makes it exclusively (FileExistsError where it exists); its OSError
+    is raised, the path unregistered."""
+    remove_stale_temporaries(folder, target_name)
+    path = os.path.join(folder, temporary_name(target_name))
+    interrupt.register_temporary(path)  # before it exists: a signal in between removes it
+    try:
+        try:
+            return path, create(path)
+        except FileExistsError:
+            interrupt.remove(path)
+            return path, create(path)
+    except OSError:
+        interrupt.unregister_temporary(path)
+        raise
 
 
 def _umask() -> int:
@@ -321,18 +336,11 @@ class TsvWriter:
                         fallback=False) -> None:
         """Create the temporary file in `folder` (or $TMPDIR if fallback and the folder refuses it)."""
         folders = [folder, tempfile.gettempdir()] if fallback else [folder]
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         for k, where in enumerate(folders):
-            remove_stale_temporaries(where, name)
-            path = os.path.join(where, temporary_name(name))
-            interrupt.register_temporary(path)  # before it exists: a signal in between removes it
             try:
-                try:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-                except FileExistsError:  # this pid's, so left by a dead process of the same pid
-                    os.unlink(path)
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+                path, fd = create_temporary(where, name, lambda path: os.open(path, flags, 0o600))
             except OSError as exc:
-                interrupt.unregister_temporary(path)
                 if k + 1 < len(folders) and isinstance(exc, PermissionError):
                     continue
                 if quiet and isinstance(exc, PermissionError):
